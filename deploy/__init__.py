@@ -1,0 +1,1 @@
+"""The toolkit: cluster model, inventory, plan and facts."""

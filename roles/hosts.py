@@ -1,0 +1,41 @@
+"""/etc/hosts: every node by management name and `<hostname>-ib0`, no DNS needed.
+
+The agent resolves names once at start and fails with only 'Failed to resolve hostname'
+otherwise, so every node carries the whole map.
+"""
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server
+
+MARKER = "# {mark} gpu-cluster managed hosts"
+
+
+def ib_name(hostname: str, interface: str) -> str:
+    return f"{hostname}-{interface}"
+
+
+def hosts_block(cluster) -> str:
+    interface = cluster.network.ipoib.interface
+    lines = []
+    for n in cluster.nodes:
+        lines.append(f"{n.address}\t{n.hostname}")
+    for n in cluster.nodes:
+        lines.append(f"{n.ipoib_address}\t{ib_name(n.hostname, interface)}")
+    return "\n".join(lines)
+
+
+@deploy("Hosts")
+def apply():
+    cluster, node = host.data.cluster, host.data.node
+    server.hostname(name="Hostname", hostname=node.hostname)
+    # Debian and Ubuntu installers map the hostname to 127.0.1.1, which would make a
+    # node announce itself as loopback; the managed block maps it to its real address.
+    files.line(
+        name="Drop the installer's 127.0.1.1 hostname line",
+        path="/etc/hosts", line=r"^127\.0\.1\.1\s", present=False,
+    )
+    files.block(
+        name="Cluster hosts block", path="/etc/hosts",
+        content=hosts_block(cluster), marker=MARKER,
+    )

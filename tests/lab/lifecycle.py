@@ -1,0 +1,122 @@
+"""up / down / status / recreate: the lab's whole lifecycle, each step idempotent."""
+
+import shutil
+import time
+from pathlib import Path
+
+from . import network, nodes, rootfs, services
+from .paths import DISKS, MIRROR_PORT, NODES
+from .shell import LabError, run
+from .spec import LabNode, LabSpec, ensure_secrets, load_spec
+
+NEEDED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen")
+
+
+def check_tools() -> None:
+    missing = [t for t in NEEDED_TOOLS if shutil.which(t) is None]
+    if missing:
+        raise LabError(
+            f"missing on the controller: {', '.join(missing)}; "
+            "apt-get install -y debootstrap systemd-container iproute2 openssh-client apt-cacher-ng"
+        )
+
+
+def ensure_ssh_key(key: Path) -> str:
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dtlab", "-f", key)
+    return Path(f"{key}.pub").read_text()
+
+
+def prepare(cluster_path: Path) -> LabSpec:
+    """Everything the model needs to load: secrets and the lab key exist."""
+    ensure_secrets(cluster_path)
+    spec = load_spec(cluster_path)
+    ensure_ssh_key(spec.ssh_key)
+    return spec
+
+
+def lab_files(node: LabNode, extra: dict[str, dict[str, str]]) -> dict[str, str]:
+    return extra.get(node.hostname, {})
+
+
+def up(cluster_path: Path, extra_files: dict | None = None, log=print) -> LabSpec:
+    check_tools()
+    t0 = time.monotonic()
+    spec = prepare(cluster_path)
+    built = rootfs.ensure_base()
+    log(f"base root filesystem {'built' if built else 'cached'} ({time.monotonic() - t0:.1f}s)")
+    network.ensure_bridges(spec)
+    services.ensure_apt_proxy()
+    services.ensure_mirror(f"http://{spec.controller_address}:{MIRROR_PORT}")
+    log(f"controller services ready ({time.monotonic() - t0:.1f}s)")
+    public_key = Path(f"{spec.ssh_key}.pub").read_text()
+    t1 = time.monotonic()
+    for node in spec.nodes:
+        network.ensure_node_network(spec, node)
+        if not nodes.is_running(node):
+            if nodes.supervisor_pid(node) or nodes.nspawn_pid(node):
+                nodes.stop(node)  # half-alive from an interrupted run
+            rootfs.mount_node(node)
+            rootfs.seed_node(node, public_key, lab_files(node, extra_files or {}))
+            nodes.start(spec, node)
+    for node in spec.nodes:
+        state = nodes.wait_ready(spec, node)
+        log(f"{node.hostname}: {state} at {node.address}")
+    log(f"{len(spec.nodes)} nodes up; boot {time.monotonic() - t1:.1f}s, "
+        f"total {time.monotonic() - t0:.1f}s")
+    return spec
+
+
+def destroy_node(node: LabNode) -> None:
+    nodes.stop(node)
+    network.remove_node_network(node)
+    rootfs.wipe_node(node)
+
+
+def down(cluster_path: Path, log=print) -> None:
+    spec = load_spec(cluster_path) if cluster_path.exists() else None
+    if spec is None:
+        raise LabError(f"{cluster_path}: no such cluster file")
+    for node in spec.nodes:
+        destroy_node(node)
+        log(f"{node.hostname}: removed")
+    network.remove_bridges(spec)
+    # The mirror and the apt proxy serve every lab; the last one down stops them.
+    remaining = list(NODES.iterdir()) if NODES.exists() else []
+    if not remaining:
+        services.stop_services()
+        log("controller services stopped")
+
+
+def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False,
+             extra_files: dict | None = None, log=print) -> None:
+    """A blank root filesystem for one node: the dead server back from the vendor."""
+    spec = prepare(cluster_path)
+    node = spec.node(hostname)
+    nodes.stop(node)
+    rootfs.wipe_node(node)
+    if wipe_disks:
+        shutil.rmtree(DISKS / node.hostname, ignore_errors=True)
+    network.ensure_node_network(spec, node)
+    rootfs.mount_node(node)
+    rootfs.seed_node(node, Path(f"{spec.ssh_key}.pub").read_text(),
+                     lab_files(node, extra_files or {}))
+    nodes.start(spec, node)
+    log(f"{hostname}: {nodes.wait_ready(spec, node)} with a blank root filesystem")
+
+
+def status(cluster_path: Path) -> list[dict]:
+    spec = load_spec(cluster_path)
+    namespaces = network.netns_list()
+    rows = []
+    for node in spec.nodes:
+        rows.append({
+            "node": node.hostname,
+            "address": str(node.address),
+            "netns": node.netns in namespaces,
+            "mounted": rootfs.is_mounted(node.root),
+            "supervisor": nodes.supervisor_pid(node),
+            "nspawn": nodes.nspawn_pid(node),
+        })
+    return rows

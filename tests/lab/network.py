@@ -1,0 +1,83 @@
+"""Bridges, network namespaces and veth pairs: the lab's two fabrics.
+
+Every step checks before it acts, so `up` can repair a half-built lab.
+"""
+
+import json
+from pathlib import Path
+
+from .shell import run
+from .spec import LabNode, LabSpec
+
+
+def _links() -> dict[str, dict]:
+    return {link["ifname"]: link for link in json.loads(run("ip", "-j", "link", "show").stdout)}
+
+
+def netns_list() -> set[str]:
+    lines = run("ip", "netns", "list").stdout.splitlines()
+    return {line.split()[0] for line in lines if line.strip()}
+
+
+def _has_addr(dev: str, cidr: str, netns: str | None = None) -> bool:
+    argv = ["ip", "-j"] + (["-n", netns] if netns else []) + ["addr", "show", "dev", dev]
+    for entry in json.loads(run(*argv).stdout or "[]"):
+        for a in entry.get("addr_info", []):
+            if f"{a['local']}/{a['prefixlen']}" == cidr:
+                return True
+    return False
+
+
+def ensure_bridges(spec: LabSpec) -> None:
+    links = _links()
+    for bridge in (spec.bridge_mgmt, spec.bridge_ib):
+        if bridge not in links:
+            run("ip", "link", "add", bridge, "type", "bridge")
+        run("ip", "link", "set", bridge, "up")
+    cidr = f"{spec.controller_address}/{spec.management.prefixlen}"
+    if not _has_addr(spec.bridge_mgmt, cidr):
+        run("ip", "addr", "add", cidr, "dev", spec.bridge_mgmt)
+
+
+def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
+    if node.netns not in netns_list():
+        run("ip", "netns", "add", node.netns)
+    links = _links()
+    for host_end, peer, bridge in (
+        (node.veth_mgmt, "eth0", spec.bridge_mgmt),
+        (node.veth_ib, "ib0", spec.bridge_ib),
+    ):
+        if host_end not in links:
+            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", peer,
+                "netns", node.netns)
+        run("ip", "link", "set", host_end, "master", bridge, "up")
+    ns = ("ip", "-n", node.netns)
+    run(*ns, "link", "set", "lo", "up")
+    run(*ns, "link", "set", "eth0", "up")
+    cidr = f"{node.address}/{node.prefixlen}"
+    if not _has_addr("eth0", cidr, node.netns):
+        run(*ns, "addr", "add", cidr, "dev", "eth0")
+    # ib0 is left unconfigured and down: configuring it is the deploy's job.
+    # dockerd needs forwarding and cannot set it from inside nspawn (read-only /proc/sys).
+    run("ip", "netns", "exec", node.netns, "sysctl", "-q", "-w",
+        "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+
+
+def remove_node_network(node: LabNode) -> None:
+    links = _links()
+    for host_end in (node.veth_mgmt, node.veth_ib):
+        if host_end in links:
+            run("ip", "link", "del", host_end)
+    if node.netns in netns_list():
+        run("ip", "netns", "del", node.netns)
+
+
+def remove_bridges(spec: LabSpec) -> None:
+    links = _links()
+    for bridge in (spec.bridge_mgmt, spec.bridge_ib):
+        if bridge in links:
+            run("ip", "link", "del", bridge)
+
+
+def netns_path(node: LabNode) -> Path:
+    return Path("/run/netns") / node.netns

@@ -1,0 +1,109 @@
+"""Booting and stopping nodes; every process is found by its own recorded id."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .network import netns_path
+from .paths import LOGS, REPO
+from .shell import LabError
+from .spec import LabNode, LabSpec
+
+SSH_OPTS = (
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+)
+
+
+def _pid(path: Path, marker: str) -> int | None:
+    """The recorded pid if that process is still the one we started (no pid reuse)."""
+    try:
+        pid = int(path.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except (OSError, ValueError):
+        return None
+    return pid if marker.encode() in cmdline else None
+
+
+def supervisor_pid(node: LabNode) -> int | None:
+    return _pid(node.dir / "supervisor.pid", f"--name {node.hostname} ")
+
+
+def nspawn_pid(node: LabNode) -> int | None:
+    return _pid(node.dir / "nspawn.pid", f"-M {node.hostname} ")
+
+
+def is_running(node: LabNode) -> bool:
+    return supervisor_pid(node) is not None and nspawn_pid(node) is not None
+
+
+def start(spec: LabSpec, node: LabNode) -> None:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "tests.lab.supervise", "--name", node.hostname,
+        "--root", str(node.root), "--netns", str(netns_path(node)),
+        "--pidfile", str(node.dir / "nspawn.pid"),
+    ]
+    if node.is_storage:
+        node.data_disk.mkdir(parents=True, exist_ok=True)
+        argv += ["--bind", f"{node.data_disk}:{spec.storage_data_dir}"]
+    log = open(LOGS / f"{node.hostname}.console.log", "ab")
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        start_new_session=True,
+    )
+    (node.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        try:  # reap it if it is our child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    return not Path(f"/proc/{pid}").exists()
+
+
+def stop(node: LabNode, timeout: float = 30) -> None:
+    sup, nsp = supervisor_pid(node), nspawn_pid(node)
+    if sup:
+        os.kill(sup, signal.SIGTERM)
+    elif nsp:  # an orphaned nspawn from a crashed supervisor
+        os.kill(nsp, signal.SIGTERM)
+    for pid in filter(None, (nsp, sup)):
+        if not _wait_gone(pid, timeout):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 5)
+    for name in ("supervisor.pid", "nspawn.pid"):
+        (node.dir / name).unlink(missing_ok=True)
+
+
+def ssh_argv(spec: LabSpec, node: LabNode, *command: str) -> list[str]:
+    return ["ssh", "-i", str(spec.ssh_key), *SSH_OPTS, f"root@{node.address}", *command]
+
+
+def wait_ready(spec: LabSpec, node: LabNode, timeout: float = 120) -> str:
+    """Wait until systemd in the node has finished booting; returns its state."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if supervisor_pid(node) is None:
+            raise LabError(
+                f"{node.hostname}: its supervisor is not running; see {LOGS / (node.hostname + '.console.log')}"
+            )
+        proc = subprocess.run(
+            ssh_argv(spec, node, "systemctl", "is-system-running", "--wait"),
+            capture_output=True, text=True, timeout=timeout,
+        )
+        last = (proc.stdout or proc.stderr).strip() or f"ssh exited {proc.returncode}"
+        if last in ("running", "degraded"):
+            return last
+        time.sleep(1)
+    raise LabError(f"{node.hostname}: not ready after {timeout:.0f}s (last: {last})")
