@@ -55,8 +55,7 @@ def up(cluster_path: Path, extra_files: dict | None = None, log=print) -> LabSpe
     for node in spec.nodes:
         network.ensure_node_network(spec, node)
         if not nodes.is_running(node):
-            if nodes.supervisor_pid(node) or nodes.nspawn_pid(node):
-                nodes.stop(node)  # half-alive from an interrupted run
+            nodes.stop(node)  # whatever is half-alive from an interrupted run
             rootfs.mount_node(node)
             rootfs.seed_node(node, public_key, lab_files(node, extra_files or {}))
             nodes.start(spec, node)
@@ -80,6 +79,7 @@ def down(cluster_path: Path, log=print) -> None:
         raise LabError(f"{cluster_path}: no such cluster file")
     for node in spec.nodes:
         destroy_node(node)
+        shutil.rmtree(DISKS / node.hostname, ignore_errors=True)
         log(f"{node.hostname}: removed")
     network.remove_bridges(spec)
     # The mirror and the apt proxy serve every lab; the last one down stops them.

@@ -56,6 +56,29 @@ def start(spec: LabSpec, node: LabNode) -> None:
         start_new_session=True,
     )
     (node.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+    # Until exec, /proc/<pid>/cmdline is still ours: wait so the pid can be recognised.
+    for _ in range(50):
+        if supervisor_pid(node):
+            return
+        time.sleep(0.1)
+    raise LabError(f"{node.hostname}: supervisor did not start; see {LOGS / (node.hostname + '.console.log')}")
+
+
+def kill_leftovers(node: LabNode) -> list[int]:
+    """Kill what still runs in the node's namespace: a node whose nspawn died can leave
+    its systemd behind, which would otherwise share the root with the next boot."""
+    if not Path(f"/run/netns/{node.netns}").exists():
+        return []
+    proc = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True)
+    pids = [int(p) for p in proc.stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        _wait_gone(pid, 5)
+    return pids
 
 
 def _wait_gone(pid: int, seconds: float) -> bool:
@@ -81,6 +104,7 @@ def stop(node: LabNode, timeout: float = 30) -> None:
         if not _wait_gone(pid, timeout):
             os.kill(pid, signal.SIGKILL)
             _wait_gone(pid, 5)
+    kill_leftovers(node)
     for name in ("supervisor.pid", "nspawn.pid"):
         (node.dir / name).unlink(missing_ok=True)
 

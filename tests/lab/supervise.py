@@ -25,6 +25,28 @@ def nspawn_argv(args) -> list[str]:
     return argv
 
 
+def reset_kernel_network_state(netns: str) -> None:
+    """What a real reboot does to the network: addresses and firewall rules are gone.
+
+    The node's namespace outlives its nspawn process, so without this a rebooted node
+    would keep state that a real server loses (and that its boot must rebuild).
+    eth0 stays: the lab configures it from outside, like the installer's static config.
+    """
+    enter = ["nsenter", f"--net={netns}"]
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle", "raw"):
+            subprocess.run(enter + [tool, "-t", table, "-F"], capture_output=True)
+            subprocess.run(enter + [tool, "-t", table, "-X"], capture_output=True)
+        for chain in ("INPUT", "FORWARD", "OUTPUT"):
+            subprocess.run(enter + [tool, "-P", chain, "ACCEPT"], capture_output=True)
+    links = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True)
+    for line in links.stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name not in ("lo", "eth0"):
+            subprocess.run(enter + ["ip", "addr", "flush", "dev", name], capture_output=True)
+            subprocess.run(enter + ["ip", "link", "set", name, "down"], capture_output=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--name", required=True)
@@ -61,6 +83,7 @@ def main() -> int:
         print(f"supervise: nspawn exited {status}", flush=True)
         if status != REBOOT_STATUS:
             break
+        reset_kernel_network_state(args.netns)
         time.sleep(0.5)
     Path(args.pidfile).unlink(missing_ok=True)
     return 0

@@ -1,0 +1,106 @@
+"""Lab fixtures: one lab per test session, pyinfra and testinfra against it over SSH."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .paths import DEFAULT_CLUSTER, REPO
+
+LAB_INVENTORY = REPO / "inventories" / "lab.py"
+# The pyinfra of the interpreter running the tests (the project's .venv in CI).
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.lab)
+
+
+@dataclass
+class DeployRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def results(self) -> dict:
+        return json.loads(self.stdout)["results"] if self.stdout.strip() else {}
+
+    def changes_by_host(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for op in self.results.get("operations", []):
+            for hostname in op["success"]:
+                counts[hostname] = counts.get(hostname, 0) + 1
+        return counts
+
+    def changed_operations(self) -> list[str]:
+        return [f"{op['name']} on {', '.join(op['success'])}"
+                for op in self.results.get("operations", []) if op["success"]]
+
+
+def run_deploy(inventory=LAB_INVENTORY, limit=None, args=(), timeout=3600) -> DeployRun:
+    argv = [PYINFRA, "-y", "--json", str(inventory), "deploy.py", *args]
+    if limit:
+        argv[1:1] = ["--limit", limit]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    return DeployRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    from deploy.cluster import load_cluster
+
+    from . import lifecycle
+
+    lifecycle.up(DEFAULT_CLUSTER)
+    yield load_cluster(DEFAULT_CLUSTER)
+    if not os.environ.get("DTLAB_KEEP"):
+        lifecycle.down(DEFAULT_CLUSTER)
+
+
+@pytest.fixture(scope="session")
+def deploy(lab):
+    return run_deploy
+
+
+@pytest.fixture(scope="session")
+def deployed(lab):
+    """The lab after one full deploy (first use in a session pays for it)."""
+    run = run_deploy()
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+@pytest.fixture(scope="session")
+def lab_ssh(lab):
+    """Run a shell command on a lab node as root; returns CompletedProcess."""
+    from . import nodes
+    from .spec import load_spec
+
+    spec = load_spec(DEFAULT_CLUSTER)
+
+    def ssh(hostname: str, command: str, check: bool = True, timeout: float = 300):
+        proc = subprocess.run(nodes.ssh_argv(spec, spec.node(hostname), command),
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{hostname}: {command}: {proc.stderr or proc.stdout}")
+        return proc
+
+    return ssh
+
+
+def run_verify(*args, cluster=DEFAULT_CLUSTER) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify",
+         "--cluster", str(cluster), *args],
+        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )

@@ -1,0 +1,154 @@
+"""Checkpoint storage: MinIO up, the bucket in the right region, the master's keys work.
+
+The article's symptom "checkpoint save fails with Permission denied -> bucket policy or wrong
+keys -> test with an S3 client against the endpoint" is test_master_credentials_write_and_read:
+it uses the keys the master's service really gets (its 0600 environment file, read over SSH),
+not the ones cluster.yaml says it should have.
+
+Secret values never reach an assertion message: comparisons are made into booleans first,
+because pytest prints both sides of a failed `==`.
+"""
+
+import io
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from minio import Minio
+from minio.error import S3Error
+
+from deploy import s3
+
+ENV_FILES = {
+    "storage": ("/etc/default/minio",),
+    "master": ("/etc/determined/master.yaml", "/etc/determined/master-s3.env"),
+}
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """KEY=value / KEY="value" lines as systemd's EnvironmentFile= reads them (the subset the
+    deploy writes: one line per variable, double quotes with \\" \\\\ \\` \\$ escapes)."""
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, raw = line.split("=", 1)
+        if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
+            out, chars = [], iter(raw[1:-1])
+            for c in chars:
+                if c == "\\":
+                    nxt = next(chars, "")
+                    out.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+                else:
+                    out.append(c)
+            values[key.strip()] = "".join(out)
+        else:
+            values[key.strip()] = raw.strip()
+    return values
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_minio_service(storage, host_of):
+    h = host_of(storage)
+    service = h.service("minio")
+    assert service.is_enabled and service.is_running
+    binary = h.file("/usr/local/bin/minio")
+    assert binary.user == "root" and binary.mode == 0o755
+    assert h.user("minio-user").exists
+
+
+def test_minio_ready_from_controller(storage, cluster):
+    url = f"http://{storage.address}:{cluster.storage.port}/minio/health/ready"
+    assert _get(url) == 200, f"{url}: MinIO is not ready (journalctl -u minio on {storage.hostname})"
+
+
+def test_minio_ready_on_node(storage, host_of, cluster):
+    code = host_of(storage).check_output(
+        "curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/minio/health/ready",
+        cluster.storage.port,
+    )
+    assert code == "200"
+
+
+def test_minio_site_region_matches(storage, host_of, cluster):
+    # Legacy MINIO_REGION would win over MINIO_SITE_REGION: it must not say something else.
+    env = parse_env_file(host_of(storage).file("/etc/default/minio").content_string)
+    assert env.get("MINIO_SITE_REGION") == cluster.storage.region
+    assert env.get("MINIO_REGION", cluster.storage.region) == cluster.storage.region
+
+
+def test_bucket_exists_in_region(cluster):
+    problem = s3.bucket_problem(cluster)
+    assert problem is None, problem
+
+
+@pytest.fixture(scope="module")
+def master_s3_env(cluster, host_of):
+    """The S3 variables determined-master.service gets from its drop-in environment file."""
+    h = host_of(cluster.master_node)
+    drop_in = h.file("/etc/systemd/system/determined-master.service.d/10-s3.conf")
+    assert "EnvironmentFile=/etc/determined/master-s3.env" in drop_in.content_string
+    return parse_env_file(h.file("/etc/determined/master-s3.env").content_string)
+
+
+def _client(cluster, access_key, secret_key, region) -> Minio:
+    return Minio(s3.endpoint(cluster), access_key=access_key, secret_key=secret_key,
+                 region=region, secure=False)
+
+
+def test_master_env_has_region_and_keys(master_s3_env, cluster):
+    assert sorted(master_s3_env) == ["AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION",
+                                     "AWS_SECRET_ACCESS_KEY"]
+    assert master_s3_env["AWS_DEFAULT_REGION"] == cluster.storage.region
+
+
+def test_master_credentials_write_and_read(master_s3_env, cluster):
+    client = _client(cluster, master_s3_env["AWS_ACCESS_KEY_ID"],
+                     master_s3_env["AWS_SECRET_ACCESS_KEY"], master_s3_env["AWS_DEFAULT_REGION"])
+    prefix = (cluster.storage.prefix or "").strip("/")
+    key = "/".join(p for p in (prefix, "verify", f"{uuid.uuid4().hex}.txt") if p)
+    payload = f"written by tests/verify/test_storage.py as {key}".encode()
+    try:
+        client.put_object(cluster.storage.bucket, key, io.BytesIO(payload), len(payload))
+        response = client.get_object(cluster.storage.bucket, key)
+        try:
+            assert response.read() == payload
+        finally:
+            response.close()
+            response.release_conn()
+    except S3Error as e:
+        pytest.fail(f"the master's keys cannot write and read {cluster.storage.bucket}: {e.code}")
+    finally:
+        try:
+            client.remove_object(cluster.storage.bucket, key)
+        except S3Error:
+            pass
+
+
+def test_wrong_secret_refused(master_s3_env, cluster):
+    client = _client(cluster, master_s3_env["AWS_ACCESS_KEY_ID"],
+                     master_s3_env["AWS_SECRET_ACCESS_KEY"] + "-wrong",
+                     master_s3_env["AWS_DEFAULT_REGION"])
+    with pytest.raises(S3Error) as refused:
+        client.bucket_exists(cluster.storage.bucket)
+    assert refused.value.code in ("SignatureDoesNotMatch", "AccessDenied", "InvalidAccessKeyId")
+
+
+def test_secret_files_are_0600_root(node, host_of):
+    paths = [p for role, files in ENV_FILES.items() if role in node.roles for p in files]
+    if not paths:
+        pytest.skip(f"{node.hostname} holds no storage or master secrets")
+    h = host_of(node)
+    for path in paths:
+        f = h.file(path)
+        assert f.exists, path
+        assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
