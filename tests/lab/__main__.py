@@ -27,6 +27,9 @@ def main(argv=None) -> int:
     ssh = sub.add_parser("ssh", help="run a command on a node over the lab's SSH key")
     ssh.add_argument("node")
     ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    console = sub.add_parser("exec", help="run a command in a node without SSH (nsenter)")
+    console.add_argument("node")
+    console.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
 
     if os.geteuid() != 0 and args.command != "status":
@@ -49,6 +52,10 @@ def main(argv=None) -> int:
         elif args.command == "ssh":
             spec = lifecycle.prepare(args.cluster)
             argv = nodes.ssh_argv(spec, spec.node(args.node), *args.cmd)
+            os.execvp(argv[0], argv)
+        elif args.command == "exec":
+            spec = lifecycle.prepare(args.cluster)
+            argv = nodes.console_argv(spec.node(args.node), *args.cmd)
             os.execvp(argv[0], argv)
     except ClusterError as e:
         print("\n".join(e.problems), file=sys.stderr)

@@ -131,3 +131,20 @@ def wait_ready(spec: LabSpec, node: LabNode, timeout: float = 120) -> str:
             return last
         time.sleep(1)
     raise LabError(f"{node.hostname}: not ready after {timeout:.0f}s (last: {last})")
+
+
+def init_pid(node: LabNode) -> int | None:
+    """PID (on the controller) of the node's systemd: nspawn's child."""
+    nsp = nspawn_pid(node)
+    if nsp is None:
+        return None
+    children = Path(f"/proc/{nsp}/task/{nsp}/children").read_text().split()
+    return int(children[0]) if children else None
+
+
+def console_argv(node: LabNode, *command: str) -> list[str]:
+    """Run a command inside a node without SSH (for when its sshd is what broke)."""
+    pid = init_pid(node)
+    if pid is None:
+        raise LabError(f"{node.hostname}: not running")
+    return ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", *command]
