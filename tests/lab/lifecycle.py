@@ -4,7 +4,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import network, nodes, rootfs, services
+from . import network, nodes, pins, rootfs, services
 from .paths import DISKS, MIRROR_PORT, NODES
 from .shell import LabError, run
 from .spec import LabNode, LabSpec, ensure_secrets, load_spec
@@ -48,8 +48,13 @@ def up(cluster_path: Path, extra_files: dict | None = None, log=print) -> LabSpe
     log(f"base root filesystem {'built' if built else 'cached'} ({time.monotonic() - t0:.1f}s)")
     network.ensure_bridges(spec)
     services.ensure_apt_proxy()
-    services.ensure_mirror(f"http://{spec.controller_address}:{MIRROR_PORT}")
+    # One mirror serves every lab; the URL inside cuda-keyring is replaced by the deploy.
+    services.ensure_mirror(f"http://10.77.0.1:{MIRROR_PORT}")
     log(f"controller services ready ({time.monotonic() - t0:.1f}s)")
+    stale = pins.stale(cluster_path)
+    if stale:
+        log(f"warning: {cluster_path}: sha256 of {', '.join(stale)} differ from the lab mirror's "
+            f"build; run `python -m tests.lab.pins {cluster_path}`")
     public_key = Path(f"{spec.ssh_key}.pub").read_text()
     t1 = time.monotonic()
     for node in spec.nodes:

@@ -15,14 +15,26 @@ REBOOT_STATUS = 133
 
 
 def nspawn_argv(args) -> list[str]:
-    argv = [
+    # nspawn runs inside the node's namespace (rather than joining it with
+    # --network-namespace-path) so that the sysfs it mounts shows the node's own
+    # interfaces in /sys/class/net, as on a real server, not the controller's.
+    nspawn = [
         "systemd-nspawn", "--quiet", "-D", args.root, "--boot",
         "--register=no", "--keep-unit", "-M", args.name,
-        f"--network-namespace-path={args.netns}",
         "--capability=CAP_NET_ADMIN", "--console=read-only",
     ]
-    argv += [f"--bind={b}" for b in args.bind]
-    return argv
+    nspawn += [f"--bind={b}" for b in args.bind]
+    # A fresh sysfs, mounted from inside the node's namespace, with the cgroup mounts
+    # carried over (nspawn needs them): parked under /run while /sys is replaced.
+    park = f"/run/dtlab-cgroup-{args.name}"
+    script = (
+        f"mkdir -p {park} && mount --rbind /sys/fs/cgroup {park} && "
+        "mount -t sysfs sysfs /sys && "
+        f"mount --move {park} /sys/fs/cgroup && rmdir {park} && "
+        'exec "$@"'
+    )
+    return ["nsenter", f"--net={args.netns}", "--", "unshare", "--mount", "--propagation",
+            "private", "--", "sh", "-c", script, "sh", *nspawn]
 
 
 def reset_kernel_network_state(netns: str) -> None:
@@ -72,6 +84,7 @@ def main() -> int:
     while not stopping:
         boots += 1
         print(f"supervise: boot {boots} of {args.name}", flush=True)
+        reset_kernel_network_state(args.netns)  # every boot starts from a clean kernel
         child = subprocess.Popen(nspawn_argv(args), stdin=subprocess.DEVNULL)
         Path(args.pidfile).write_text(f"{child.pid}\n")
         while True:
@@ -83,7 +96,6 @@ def main() -> int:
         print(f"supervise: nspawn exited {status}", flush=True)
         if status != REBOOT_STATUS:
             break
-        reset_kernel_network_state(args.netns)
         time.sleep(0.5)
     Path(args.pidfile).unlink(missing_ok=True)
     return 0

@@ -1,15 +1,27 @@
 """python -m tests.verify [--cluster FILE] [pytest args...]: check every node, read-only.
 
 Runs tests/verify against the nodes of a cluster.yaml (the lab's by default), in parallel,
-writes JUnit XML to reports/verify-junit.xml, and exits non-zero when any check fails.
+prints a checks x nodes matrix with a hint for every red cell (tests/verify/matrix.py), writes
+it to reports/verify-matrix.md and JUnit XML to reports/verify-junit.xml, and exits non-zero
+when any check fails (pytest's exit status).
 """
 
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_command(cluster: str, workers: str, reports: Path, rest: list[str]) -> list[str]:
+    # Short tracebacks by default: the matrix carries the overview, tracebacks the detail.
+    tb = [] if any(a.startswith("--tb") for a in rest) else ["--tb=short"]
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
+            "-p", "tests.verify.matrix", f"--verify-matrix={reports / 'verify-matrix.md'}",
+            *tb, "--cluster", cluster, f"--junitxml={reports / 'verify-junit.xml'}",
+            str(REPO / "tests" / "verify"), *rest]
 
 
 def main(argv=None) -> int:
@@ -19,10 +31,12 @@ def main(argv=None) -> int:
     args, rest = parser.parse_known_args(argv)
     reports = REPO / "reports"
     reports.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", args.workers,
-           "--cluster", args.cluster, f"--junitxml={reports / 'verify-junit.xml'}",
-           str(REPO / "tests" / "verify"), *rest]
-    return subprocess.call(cmd, cwd=REPO)
+    started = time.monotonic()
+    status = subprocess.call(pytest_command(args.cluster, args.workers, reports, rest), cwd=REPO)
+    verdict = "all checks passed" if status == 0 else f"FAILED (exit status {status})"
+    print(f"verify {args.cluster}: {verdict}; wall time {time.monotonic() - started:.1f}s; "
+          f"matrix: {reports / 'verify-matrix.md'}", flush=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""The checkpoint bucket, seen from the controller with minio-py.
+
+The deploy (roles/minio.py) and the checks (tests/verify/test_storage.py) both talk to MinIO
+from the controller, at the storage node's management address, signing every request for
+`storage.region`: a request signed for another region than MinIO's site region is refused,
+which is exactly the mismatch the article's pitfall 2 is about.
+
+Messages never contain a key: S3Error text names the bucket and the error code only.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error
+
+from deploy.cluster import Cluster
+
+# S3 reports us-east-1 as an empty LocationConstraint (a quirk kept from AWS's first region).
+DEFAULT_REGION = "us-east-1"
+
+
+class BucketError(Exception):
+    """The bucket cannot be made or is not what cluster.yaml says; one line, no secrets."""
+
+
+def endpoint(cluster: Cluster) -> str:
+    """host:port of MinIO's S3 API as the controller reaches it (management address)."""
+    return f"{cluster.storage_node.address}:{cluster.storage.port}"
+
+
+def client(cluster: Cluster, access_key: str | None = None, secret_key: str | None = None,
+           timeout: float = 10.0, retries: int = 2) -> Minio:
+    """A client signing for storage.region; the root keys from cluster.yaml by default."""
+    storage = cluster.storage
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        retries=urllib3.Retry(total=retries, backoff_factor=0.5,
+                              status_forcelist=[500, 502, 503, 504]),
+    )
+    return Minio(
+        endpoint(cluster),
+        access_key=storage.access_key.value if access_key is None else access_key,
+        secret_key=storage.secret_key.value if secret_key is None else secret_key,
+        region=storage.region,
+        secure=False,
+        http_client=http,
+    )
+
+
+def bucket_location(s3: Minio, bucket: str, region: str) -> str:
+    """GET /<bucket>?location, the way S3 clients discover a bucket's region.
+
+    minio-py 7.2 has no public call for it (its private `_get_region` is skipped whenever the
+    client has a region), so the request goes through its signed `_url_open`.
+    """
+    response = s3._url_open("GET", region, bucket_name=bucket, query_params={"location": ""})
+    text = ET.fromstring(response.data.decode()).text
+    return text or DEFAULT_REGION
+
+
+def _location(s3: Minio, bucket: str, region: str) -> str | None:
+    """The bucket's location, or None if it does not exist.
+
+    A GET rather than bucket_exists' HEAD: a refused HEAD has no body, so minio-py can only
+    say "BadRequest"; the GET's error names the cause (for a region mismatch, the region
+    MinIO expects).
+    """
+    try:
+        return bucket_location(s3, bucket, region)
+    except S3Error as e:
+        if e.code == "NoSuchBucket":
+            return None
+        raise
+
+
+def bucket_problem(cluster: Cluster, s3: Minio | None = None) -> str | None:
+    """None when the bucket exists with location == storage.region, else what is wrong.
+
+    Never raises: an unreachable MinIO (not installed yet, say) is a problem like any other.
+    """
+    storage = cluster.storage
+    try:
+        s3 = s3 or client(cluster, timeout=5.0, retries=0)
+        location = _location(s3, storage.bucket, storage.region)
+    except S3Error as e:
+        return f"MinIO at {endpoint(cluster)} refused the request: {e.code} ({e.message})"
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        return f"MinIO at {endpoint(cluster)} is not reachable: {type(e).__name__}"
+    if location is None:
+        return f"bucket {storage.bucket} does not exist"
+    if location != storage.region:
+        return (f"bucket {storage.bucket} has location {location!r}, cluster.yaml says region "
+                f"{storage.region!r}")
+    return None
+
+
+def ensure_bucket(cluster: Cluster) -> bool:
+    """Make the bucket if it is missing and check its location. True if it was created.
+
+    Raises BucketError when MinIO cannot be reached or refuses, or the location read back is
+    not storage.region (MinIO's MINIO_SITE_REGION differs from cluster.yaml's region).
+    """
+    storage = cluster.storage
+    s3 = client(cluster)
+    created = False
+    try:
+        location = _location(s3, storage.bucket, storage.region)
+        if location is None:
+            s3.make_bucket(storage.bucket, location=storage.region)
+            created = True
+            location = bucket_location(s3, storage.bucket, storage.region)
+    except S3Error as e:
+        raise BucketError(
+            f"MinIO at {endpoint(cluster)} refused bucket {storage.bucket}: {e.code} "
+            f"({e.message}); check MINIO_ROOT_USER/PASSWORD and MINIO_SITE_REGION in "
+            "/etc/default/minio on the storage node"
+        ) from None
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise BucketError(f"MinIO at {endpoint(cluster)} is not reachable from the controller: "
+                          f"{type(e).__name__}: {e}") from None
+    if location != storage.region:
+        raise BucketError(
+            f"bucket {storage.bucket} reads back location {location!r}, not {storage.region!r}: "
+            "MinIO's MINIO_SITE_REGION and storage.region must agree"
+        )
+    return created

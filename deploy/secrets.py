@@ -1,0 +1,155 @@
+"""Secret references in cluster.yaml and the masked values they resolve to.
+
+cluster.yaml never holds a secret: it says where one comes from, `{env: NAME}` or
+`{file: /absolute/path}`. Every message this module produces names the reference,
+never the value, so problems can be printed and logged freely.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# The directory that holds deploy/: a secret file in here is one `git add` away from leaking.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+HOW_TO_REFERENCE = "use {env: NAME} or {file: PATH}"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SecretError(ValueError):
+    """One line saying what is wrong with a reference; never contains a secret."""
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    kind: str  # "env" or "file"
+    target: str  # variable name or absolute path
+
+    def __str__(self) -> str:
+        # The text an operator wrote, so messages point at the line to fix.
+        return f"{{{self.kind}: {self.target}}}"
+
+
+class Secret:
+    """A resolved secret. repr/str/format show only where it came from; `.value` is the secret."""
+
+    __slots__ = ("_ref", "_value")
+
+    def __init__(self, ref: SecretRef, value: str | None):
+        self._ref = ref
+        self._value = value
+
+    @property
+    def reference(self) -> SecretRef:
+        return self._ref
+
+    @property
+    def resolved(self) -> bool:
+        return self._value is not None
+
+    @property
+    def value(self) -> str:
+        if self._value is None:
+            raise RuntimeError(f"{self!r} was loaded without resolving secrets")
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({self._ref.kind}:{self._ref.target})"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return (self._ref, self._value) == (other._ref, other._value)
+
+    def __hash__(self) -> int:
+        return hash(self._ref)
+
+    def to_json(self) -> str:
+        # pyinfra's JSON encoder (debug-inventory, --json) calls this.
+        return repr(self)
+
+
+def describe(raw: object) -> str:
+    """How a secret field is shown in a problem line: the reference, never a value."""
+    if isinstance(raw, dict):
+        if len(raw) == 1:
+            ((key, target),) = raw.items()
+            if key in ("env", "file") and isinstance(target, str):
+                return str(SecretRef(key, target))
+        return "{" + ", ".join(f"{k}: ..." for k in raw) + "}"
+    if raw is None:
+        return "None"
+    if isinstance(raw, str):
+        return "(a plain string, not shown)"
+    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list"}
+    return f"({kind.get(type(raw), 'a value')}, not shown)"
+
+
+def parse_reference(raw: object) -> SecretRef:
+    """Check the shape of a reference. Raises SecretError (message without the value)."""
+    if isinstance(raw, str) or isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        raise SecretError(f"secrets are referenced, not written here: {HOW_TO_REFERENCE}")
+    if not isinstance(raw, dict):
+        raise SecretError(f"must be a secret reference: {HOW_TO_REFERENCE}")
+    unknown = sorted(str(k) for k in raw if k not in ("env", "file"))
+    if unknown:
+        raise SecretError(
+            f"unknown key {unknown[0]!r} in a secret reference: {HOW_TO_REFERENCE}"
+        )
+    if len(raw) != 1:
+        raise SecretError(f"needs exactly one of env or file: {HOW_TO_REFERENCE}")
+    ((kind, target),) = raw.items()
+    if not isinstance(target, str) or not target:
+        raise SecretError(f"{kind} must be a non-empty string: {HOW_TO_REFERENCE}")
+    if kind == "env" and not _ENV_NAME.match(target):
+        raise SecretError("not a valid environment variable name")
+    if kind == "file" and not os.path.isabs(target):
+        raise SecretError("the secret file must be an absolute path")
+    return SecretRef(kind, target)
+
+
+def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
+    """Read the secret a reference points at. Raises SecretError (message without the value)."""
+    if ref.kind == "env":
+        value = os.environ.get(ref.target)
+        if value is None:
+            raise SecretError(f"environment variable {ref.target} is not set")
+        if not value.strip():
+            raise SecretError(f"environment variable {ref.target} is empty")
+        return value
+
+    path = Path(ref.target)
+    # resolve() follows symlinks: a link outside pointing into the checkout still counts.
+    if path.resolve().is_relative_to(repo_root.resolve()):
+        raise SecretError(
+            f"the file is inside the repository ({repo_root}): keep secrets outside git"
+        )
+    try:
+        if not path.exists():
+            raise SecretError("the file does not exist")
+        if not path.is_file():
+            raise SecretError("not a regular file")
+        data = path.read_bytes()
+    except PermissionError:
+        raise SecretError("the file cannot be read (permission denied)") from None
+    except OSError as e:
+        raise SecretError(f"the file cannot be read ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretError("the file is not UTF-8 text") from None
+    # `echo secret > file` adds one newline; it is not part of the secret.
+    if text.endswith("\n"):
+        text = text[:-1]
+        text = text.removesuffix("\r")
+    if not text.strip():
+        raise SecretError("the file is empty")
+    return text

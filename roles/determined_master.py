@@ -1,0 +1,127 @@
+"""The Determined master on the master node (PostgreSQL comes first, from roles/postgresql).
+
+configure: /etc/determined/master.yaml (0600, from files/determined/master.yaml.j2), the S3
+           environment file (0600) and the unit drop-in that loads it. Written BEFORE the
+           package: its postinst (re)starts the master through deb-systemd-invoke whenever the
+           unit is enabled (always on an upgrade), and dpkg keeps an existing master.yaml (a
+           conffile) instead of the package's default (port 8080, database host determined-db),
+           so no start ever sees the default configuration.
+install:   determined-master <version> from sources.determined_master, sha256-verified;
+           skipped when that version is installed
+activate:  enabled and running; restarted only when its configuration changed and the package
+           did not (an upgrade's postinst has already restarted it with the files in place);
+           then waited for until GET /health answers 200 on master_port
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from deploy.cluster import Cluster
+from roles.shared_ops import (
+    SecretBytes,
+    env_file,
+    packages,
+    secret_file,
+    verified_deb,
+    wait_for_http,
+)
+
+FILES = Path(__file__).resolve().parent.parent / "files" / "determined"
+CONFIG_DIR = "/etc/determined"
+MASTER_YAML = f"{CONFIG_DIR}/master.yaml"
+S3_ENV = f"{CONFIG_DIR}/master-s3.env"
+DROP_IN = "/etc/systemd/system/determined-master.service.d/10-s3.conf"
+SERVICE = "determined-master.service"
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(FILES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    # A JSON string is a valid YAML double-quoted scalar: any password survives as written.
+    env.filters["q"] = json.dumps
+    return env
+
+
+def render(template: str, **values) -> str:
+    return _templates().get_template(template).render(**values)
+
+
+def master_yaml(cluster: Cluster) -> str:
+    storage = cluster.storage
+    return render(
+        "master.yaml.j2",
+        port=cluster.master_port,
+        db=cluster.database,
+        db_password=cluster.database.password.value,
+        storage=storage,
+        access_key=storage.access_key.value,
+        secret_key=storage.secret_key.value,
+        # Determined joins endpoint and key itself; a trailing slash gives "//key" requests.
+        endpoint_url=storage.endpoint_url.rstrip("/"),
+        admin_password=cluster.determined.admin_password.value,
+    )
+
+
+def s3_env(cluster: Cluster) -> str:
+    storage = cluster.storage
+    return env_file(
+        "S3 credentials and region for determined-master.service (roles/determined_master.py),\n"
+        "loaded by its drop-in 10-s3.conf. 0600 root.",
+        {
+            "AWS_ACCESS_KEY_ID": storage.access_key.value,
+            "AWS_SECRET_ACCESS_KEY": storage.secret_key.value,
+            "AWS_DEFAULT_REGION": storage.region,
+        },
+    )
+
+
+@deploy("Determined master")
+def apply():
+    cluster: Cluster = host.data.cluster
+    version = cluster.determined.version
+    source = cluster.sources.determined_master
+
+    packages(["curl", "ca-certificates"], "download and health-check tools")
+
+    # configure (before the package: see the module docstring)
+    files.directory(name=f"{CONFIG_DIR}", path=CONFIG_DIR, user="root", group="root", mode="755")
+    config = secret_file(name=f"Master configuration {MASTER_YAML}", dest=MASTER_YAML,
+                         content=SecretBytes(master_yaml(cluster)))
+    env = secret_file(name=f"Master S3 environment {S3_ENV}", dest=S3_ENV,
+                      content=SecretBytes(s3_env(cluster)))
+    drop_in = files.put(name="Master unit drop-in loading the S3 environment",
+                        src=str(FILES / "10-s3.conf"), dest=DROP_IN,
+                        user="root", group="root", mode="644")
+
+    # install
+    package = verified_deb(
+        name=f"Install determined-master {version} (sha256-pinned)",
+        package="determined-master", version=version,
+        url=cluster.sources.determined_url("master", version), sha256=source.sha256,
+        artifact=f"determined-master {version} package",
+    )
+
+    # activate
+    def config_changed_alone() -> bool:
+        changed = config.did_change() or env.did_change() or drop_in.did_change()
+        return changed and not package.did_change()
+
+    restart = systemd.service(name="Restart the master for its new configuration",
+                              service=SERVICE, running=True, restarted=True, daemon_reload=True,
+                              _if=config_changed_alone)
+    running = systemd.service(name="Master enabled and running", service=SERVICE,
+                              running=True, enabled=True)
+    wait_for_http(
+        f"http://127.0.0.1:{cluster.master_port}/health", "the Determined master",
+        _if=lambda: any(op.did_change() for op in (package, restart, running)),
+    )

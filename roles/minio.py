@@ -1,0 +1,119 @@
+"""MinIO on the storage node, and the checkpoint bucket in it.
+
+install:   the server binary from sources.minio, sha256-verified, as /usr/local/bin/minio
+configure: minio-user, the data directory (created, never emptied), /etc/default/minio
+           (0600: it holds the root credentials) and the official unit file
+activate:  enabled and running; restarted only when binary, settings or unit changed, then
+           waited for until /minio/health/ready answers
+bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its location
+           must read back as storage.region (MinIO's MINIO_SITE_REGION), or the host fails
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from deploy import s3
+from deploy.cluster import Cluster
+from roles.shared_ops import (
+    SecretBytes,
+    env_file,
+    packages,
+    secret_file,
+    verified_binary,
+    wait_for_http,
+)
+
+FILES = Path(__file__).resolve().parent.parent / "files" / "minio"
+BINARY = "/usr/local/bin/minio"
+ENV_FILE = "/etc/default/minio"
+UNIT = "/etc/systemd/system/minio.service"
+USER = "minio-user"
+
+
+def env_content(cluster: Cluster) -> str:
+    """/etc/default/minio. Its secrets go only into this 0600 file."""
+    storage = cluster.storage
+    return env_file(
+        "MinIO server settings for minio.service (roles/minio.py). Holds the root\n"
+        "credentials: keep it 0600 root:root; systemd reads it as root.",
+        {
+            "MINIO_VOLUMES": storage.data_dir,
+            "MINIO_OPTS": f"--address :{storage.port} --console-address :{storage.console_port}",
+            "MINIO_ROOT_USER": storage.access_key.value,
+            "MINIO_ROOT_PASSWORD": storage.secret_key.value,
+            # The region MinIO signs and answers for (MINIO_REGION is the legacy name). Every
+            # client, Determined's trial containers included, must sign for the same region.
+            "MINIO_SITE_REGION": storage.region,
+        },
+    )
+
+
+def _ensure_bucket(state, host, cluster: Cluster) -> bool:
+    # (state, host) in the signature: pyinfra calls this directly and takes its return value
+    # as the command's success, so a clear one-line message replaces a traceback.
+    try:
+        created = s3.ensure_bucket(cluster)
+    except s3.BucketError as e:
+        host.log_styled(str(e), fg="red", log_func=logger.error)
+        return False
+    if created:
+        host.log(f"created bucket {cluster.storage.bucket}", logger.info)
+    return True
+
+
+@operation()
+def bucket(cluster: Cluster):
+    """The checkpoint bucket, from the controller: a change only when it has to be made.
+
+    Checked again right before it runs (pyinfra re-runs this body then): on a first deploy
+    MinIO is not up while the plan is made, so the plan counts it as a change.
+    """
+    problem = s3.bucket_problem(cluster)
+    if problem is None:
+        host.noop(f"bucket {cluster.storage.bucket} exists in region {cluster.storage.region}")
+        return
+    yield FunctionCommand(_ensure_bucket, (cluster,), {})
+
+
+@deploy("MinIO object storage")
+def apply():
+    cluster: Cluster = host.data.cluster
+    storage = cluster.storage
+    source = cluster.sources.minio
+
+    # install
+    packages(["curl", "ca-certificates"], "download and health-check tools")
+    binary = verified_binary(
+        name="Install the MinIO server binary (sha256-pinned)",
+        url=source.url, sha256=source.sha256, dest=BINARY, artifact="MinIO server binary",
+    )
+
+    # configure
+    server.group(name=f"System group {USER}", group=USER, system=True)
+    server.user(name=f"System user {USER}", user=USER, group=USER, system=True,
+                shell="/usr/sbin/nologin", ensure_home=False)
+    files.directory(name=f"MinIO data directory {storage.data_dir}", path=storage.data_dir,
+                    user=USER, group=USER, mode="750")
+    env = secret_file(name=f"MinIO settings and credentials {ENV_FILE}", dest=ENV_FILE,
+                      content=SecretBytes(env_content(cluster)))
+    unit = files.put(name="MinIO systemd unit (official)", src=str(FILES / "minio.service"),
+                     dest=UNIT, user="root", group="root", mode="644")
+
+    # activate
+    changed = any_changed(binary, env, unit)
+    restart = systemd.service(name="Restart MinIO for its new binary or settings",
+                              service="minio.service", running=True, restarted=True,
+                              daemon_reload=True, _if=changed)
+    running = systemd.service(name="MinIO enabled and running", service="minio.service",
+                              running=True, enabled=True)
+    wait_for_http(f"http://127.0.0.1:{storage.port}/minio/health/ready", "MinIO",
+                  _if=any_changed(restart, running))
+
+    bucket(name=f"Bucket {storage.bucket} in region {storage.region} (from the controller)",
+           cluster=cluster)

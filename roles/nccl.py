@@ -1,0 +1,20 @@
+"""NCCL on GPU nodes: libnccl2 and libnccl-dev at <nccl>-1+cuda<major.minor>, pinned and held.
+
+NVIDIA's own CUDA 11.7.1 images ship NCCL 2.13.4, and the repo offers many builds per CUDA
+release: the version is always given explicitly, never left for apt to choose.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from deploy.pins import nccl_pins
+from roles import apt_pins
+
+
+@deploy("NCCL")
+def apply():
+    versions = host.data.cluster.versions
+    repo = apt_pins.cuda_repo()
+    apt_pins.pinned(nccl_pins(versions.nccl, versions.cuda), repo)

@@ -1,0 +1,163 @@
+"""The NVIDIA driver on GPU nodes, from NVIDIA's CUDA apt repository, pinned and held.
+
+install:   cuda-drivers-<branch>=<version>-1 and the packages under it at their exact
+           NVIDIA versions (deploy/pins.py), preferences + apt-mark hold (roles/apt_pins.py)
+configure: nouveau blacklisted; the initramfs rebuilt when that file changed (if the node
+           has update-initramfs at all)
+activate:  a reboot when the driver packages changed (reboot: auto), confirmed by a new
+           /proc/sys/kernel/random/boot_id; with reboot: never, a warning that one is pending
+
+A reboot still owed from an interrupted run is remembered the Debian way, in
+/run/reboot-required(.pkgs): /run is empty again after a reboot, so the next deploy
+reboots only if the previous one did not get to it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+from paramiko import SSHException
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
+from pyinfra.operations import files, python, server
+
+from deploy.facts_gpu import RebootRequiredPackages
+from deploy.pins import driver_pins
+from roles import apt_pins
+
+FILES = Path(__file__).resolve().parent.parent / "files" / "nvidia_driver"
+BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+REBOOT_REQUIRED = "/run/reboot-required"
+
+REBUILD_INITRAMFS = (
+    "if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; "
+    "else echo 'update-initramfs not found: no initramfs to rebuild'; fi"
+)
+
+
+def reboot_pending(pending_packages: set[str], driver_packages: list[str]) -> bool:
+    """Did an earlier run install driver packages without the reboot that loads them?"""
+    return any(p in pending_packages for p in driver_packages)
+
+
+def mark_reboot_required_shell(packages: list[str]) -> str:
+    names = "\n".join(packages) + "\n"
+    return (
+        f"printf %s {shlex.quote(names)} >> {REBOOT_REQUIRED}.pkgs && "
+        f"echo '*** System restart required ***' > {REBOOT_REQUIRED}"
+    )
+
+
+def _boot_id(host) -> str | None:
+    try:
+        ok, output = host.run_shell_command(StringCommand("cat", BOOT_ID))
+    except (OSError, EOFError, SSHException):  # the connection of a node going down
+        return None
+    value = output.stdout.strip() if ok else ""
+    return value or None
+
+
+@operation(is_idempotent=False)
+def reboot(delay: int = 5, interval: int = 2, timeout: int = 900):
+    """Reboot and wait until the node answers with a new boot_id.
+
+    pyinfra's server.reboot waits for a smaller uptime, which a container's /proc/uptime
+    never shows; a new boot_id marks a new boot on real servers and containers alike.
+    """
+    before: list[str] = []
+
+    def record_boot_id(state, host):
+        boot_id = _boot_id(host)
+        if boot_id is None:
+            host.log_styled(f"cannot read {BOOT_ID}: not rebooting", fg="red",
+                            log_func=logger.error)
+            return False
+        before.append(boot_id)
+        # As server.reboot does: a sudo askpass file would not survive the reboot.
+        remove_any_sudo_askpass_file(host)
+        return True
+
+    def wait_for_new_boot(state, host):
+        time.sleep(delay)
+        clear_askpass_cache(host)
+        host.disconnect()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            host.connect(show_errors=False)
+            if host.connected:
+                boot_id = _boot_id(host)
+                if boot_id and boot_id != before[0]:
+                    host.log_styled("rebooted (new boot_id)", fg="green", log_func=logger.info)
+                    return True
+                # Still the old boot (shutting down), or not answering yet: start afresh.
+                host.disconnect()
+            time.sleep(interval)
+        host.log_styled(
+            f"did not come back with a new boot_id within {timeout}s after the reboot",
+            fg="red", log_func=logger.error,
+        )
+        return False
+
+    yield FunctionCommand(record_boot_id, (), {})
+    # Detached, so the SSH channel closes before the node goes down.
+    yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
+    yield FunctionCommand(wait_for_new_boot, (), {})
+
+
+def _warn_reboot_pending(state, host):
+    host.log_styled(
+        "the NVIDIA driver changed and cluster.yaml says reboot: never: REBOOT THIS NODE "
+        "before using its GPUs (the old kernel module stays loaded until then)",
+        fg="yellow", log_func=logger.warning,
+    )
+    return True
+
+
+@deploy("NVIDIA driver")
+def apply():
+    cluster = host.data.cluster
+    pinset = driver_pins(cluster.versions.nvidia_driver)
+    packages = [p for p, _ in pinset.packages]
+
+    repo = apt_pins.cuda_repo()
+    blacklist = files.put(
+        name="Blacklist nouveau",
+        src=str(FILES / "blacklist-nouveau.conf"),
+        dest=BLACKLIST,
+        mode="644",
+    )
+    installed = apt_pins.pinned(pinset, repo)
+    server.shell(
+        name="Rebuild the initramfs without nouveau",
+        commands=[REBUILD_INITRAMFS],
+        _if=blacklist.did_change,
+    )
+    server.shell(
+        name="Remember that the new driver needs a reboot",
+        commands=[mark_reboot_required_shell(packages)],
+        _if=installed.did_change,
+    )
+
+    # Read while planning, i.e. before this run installs anything: a reboot an earlier run
+    # owed (installed, then stopped before rebooting).
+    owed = reboot_pending(host.get_fact(RebootRequiredPackages), packages)
+    if cluster.reboot == "auto":
+        reboot(
+            name="Reboot into the new NVIDIA driver (confirmed by a new boot_id)",
+            _if=lambda: owed or installed.did_change(),
+        )
+    else:
+        if owed:
+            logger.warning(
+                f"{host.print_prefix}a reboot is pending for the NVIDIA driver "
+                "(cluster.yaml says reboot: never)"
+            )
+        python.call(
+            name="Warn that a reboot is pending (reboot: never)",
+            function=_warn_reboot_pending,
+            _if=installed.did_change,
+        )

@@ -1,0 +1,237 @@
+"""PostgreSQL for the Determined master, on the master node.
+
+install:   PostgreSQL >= 13: the distribution's own where it is new enough (Debian 12: 15,
+           Ubuntu 22.04: 14), else PGDG's (Ubuntu 20.04 ships 12, which Determined warns about)
+configure: conf.d/50-determined.conf (max_connections >= 96, listen on localhost only: the
+           master is on the same node); restart only when that file changed
+database:  Determined's role and database. The password never leaves the controller in clear:
+           the role gets a SCRAM-SHA-256 verifier computed here, and the node is asked only for
+           the current verifier's salt and a digest of it, so a changed password in cluster.yaml
+           is noticed and set, and an unchanged one is no change.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import io
+import os
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FactBase, HiddenValue, QuoteString, StringCommand, deploy, operation
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from deploy.cluster import Cluster
+from roles.shared_ops import packages
+
+FILES = Path(__file__).resolve().parent.parent / "files" / "postgresql"
+
+# Determined needs 13 or newer (12 warns, 11 and older error out) and >= 96 connections.
+MIN_MAJOR = 13
+MAX_CONNECTIONS = 100
+# (os-release ID, VERSION_ID) -> the major version that distribution ships.
+DISTRIBUTION_MAJOR = {
+    ("debian", "11"): 13,
+    ("debian", "12"): 15,
+    ("ubuntu", "20.04"): 12,
+    ("ubuntu", "22.04"): 14,
+    ("ubuntu", "24.04"): 16,
+}
+# Taken from PGDG when the distribution's is too old.
+PGDG_MAJOR = 15
+PGDG_URL = "https://apt.postgresql.org/pub/repos/apt"
+PGDG_KEY_URL = "https://www.postgresql.org/media/keys/ACCC4CF8.asc"
+PGDG_KEY_FINGERPRINT = "B97B0AFCAA1A47F044F244A07FCC7D46ACCC4CF8"
+PGDG_KEY = "/usr/share/postgresql-common/pgdg/apt.postgresql.org.asc"
+PGDG_LIST = "/etc/apt/sources.list.d/pgdg.list"
+
+SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
+
+
+def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
+    """(major version to install, whether it comes from PGDG)."""
+    shipped = DISTRIBUTION_MAJOR.get((os_id, os_version))
+    if shipped is not None and shipped >= MIN_MAJOR:
+        return shipped, False
+    return PGDG_MAJOR, True
+
+
+def conf_content() -> str:
+    return (FILES / "50-determined.conf").read_text().replace(
+        "{{ max_connections }}", str(MAX_CONNECTIONS))
+
+
+# --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
+
+def scram_verifier(password: str, salt: bytes, iterations: int = SCRAM_ITERATIONS) -> str:
+    """SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, all base64.
+
+    PostgreSQL normalises the password with SASLprep first; that is the identity for ASCII
+    passwords, and PostgreSQL itself falls back to the raw bytes when SASLprep fails.
+    """
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode()
+                                        for b in (salt, stored_key, server_key))
+    return f"SCRAM-SHA-256${iterations}:{salt_b64}${stored_b64}:{server_b64}"
+
+
+def password_matches(password: str, current: dict | None) -> bool:
+    """Whether the role's current verifier (salt + digest, see RoleVerifier) is `password`'s."""
+    if not current or not current["salt"]:
+        return False
+    try:
+        iterations, salt = current["salt"].split(":", 1)
+        expected = scram_verifier(password, base64.b64decode(salt), int(iterations))
+    except ValueError:
+        return False
+    return hashlib.sha256(expected.encode()).hexdigest() == current["digest"]
+
+
+def _psql(sql) -> StringCommand:
+    """psql as the postgres superuser over the local socket (peer authentication)."""
+    return StringCommand("cd / && runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -Atc",
+                         QuoteString(sql))
+
+
+class RoleVerifier(FactBase):
+    """{"salt": "<iterations>:<salt>", "digest": sha256 hex of the verifier} or None.
+
+    Only the salt and a digest leave the node: the verifier itself stays in pg_authid.
+    `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).
+    """
+
+    def requires_command(self, role):
+        return "psql"
+
+    def command(self, role):
+        sql = (
+            "SELECT CASE WHEN rolpassword LIKE 'SCRAM-SHA-256$%' "
+            "THEN split_part(rolpassword, '$', 2) ELSE '' END"
+            " || ' ' || encode(sha256(convert_to(coalesce(rolpassword, ''), 'UTF8')), 'hex')"
+            f" FROM pg_authid WHERE rolname = '{role}'"
+        )
+        return _psql(sql)
+
+    def process(self, output):
+        line = " ".join(output).strip()
+        if not line:
+            return None
+        salt, _, digest = line.rpartition(" ")
+        return {"salt": salt, "digest": digest}
+
+
+class Databases(FactBase):
+    """{database name: owner name}."""
+
+    def requires_command(self):
+        return "psql"
+
+    def command(self):
+        sql = ("SELECT datname || ' ' || pg_get_userbyid(datdba) FROM pg_database "
+               "WHERE NOT datistemplate")
+        return _psql(sql)
+
+    default = dict
+
+    def process(self, output):
+        return dict(line.split(" ", 1) for line in output if " " in line)
+
+
+@operation()
+def role(role: str, password):
+    """A LOGIN role whose password is `password` (a Secret); set only when it differs."""
+    current = host.get_fact(RoleVerifier, role=role)
+    if current is not None and password_matches(password.value, current):
+        host.noop(f"role {role} exists with the configured password")
+        return
+    verifier = scram_verifier(password.value, os.urandom(16))
+    verb = "CREATE" if current is None else "ALTER"
+    sql = StringCommand(f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
+                        StringCommand("'", HiddenValue(verifier), "'", _separator=""))
+    yield _psql(sql)
+
+
+@operation()
+def database(database: str, owner: str):
+    owners = host.get_fact(Databases)
+    if database not in owners:
+        yield _psql(f'CREATE DATABASE "{database}" OWNER "{owner}"')
+    elif owners[database] != owner:
+        yield _psql(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
+    else:
+        host.noop(f"database {database} exists, owned by {owner}")
+
+
+class _FileExists(FactBase):
+    def command(self, path):
+        return f"test -e {shlex.quote(path)} && echo yes || echo no"
+
+    def process(self, output):
+        return output == ["yes"]
+
+
+def _pgdg_source(codename: str):
+    key = server.shell(
+        name="PGDG signing key (fingerprint-checked)",
+        commands=[(
+            f"install -d -m 755 {shlex.quote(str(Path(PGDG_KEY).parent))} && "
+            f"curl -fsSL -o {PGDG_KEY}.download {PGDG_KEY_URL} && "
+            f"gpg --show-keys --with-colons {PGDG_KEY}.download | grep -q "
+            f"'^fpr:*{PGDG_KEY_FINGERPRINT}:' && mv -f {PGDG_KEY}.download {PGDG_KEY} || "
+            f"{{ rm -f {PGDG_KEY}.download; echo 'PGDG key: download failed or fingerprint is "
+            f"not {PGDG_KEY_FINGERPRINT}' >&2; exit 1; }}"
+        )],
+        _if=lambda: not host.get_fact(_FileExists, path=PGDG_KEY),
+    )
+    source = files.put(
+        name="PGDG apt source",
+        src=io.StringIO(f"deb [signed-by={PGDG_KEY}] {PGDG_URL} {codename}-pgdg main\n"),
+        dest=PGDG_LIST, mode="644",
+    )
+    apt.update(name="Refresh apt lists for PGDG", _if=any_changed(key, source))
+
+
+@deploy("PostgreSQL for Determined")
+def apply():
+    cluster: Cluster = host.data.cluster
+    db = cluster.database
+    release = host.get_fact(LinuxDistribution)["release_meta"]
+    os_id, os_version = release.get("ID", ""), release.get("VERSION_ID", "")
+    major, from_pgdg = major_for(os_id, os_version)
+
+    # install
+    if from_pgdg:
+        # Ubuntu 20.04's own PostgreSQL is 12. Not exercised by the lab (Debian 12 nodes).
+        packages(["curl", "ca-certificates", "gnupg"], "tools to add the PGDG repository")
+        _pgdg_source(release.get("VERSION_CODENAME", ""))
+    packages([f"postgresql-{major}"], f"PostgreSQL {major}")
+
+    # configure
+    conf = files.put(
+        name=f"PostgreSQL settings for Determined (max_connections = {MAX_CONNECTIONS})",
+        src=io.StringIO(conf_content()),
+        dest=f"/etc/postgresql/{major}/main/conf.d/50-determined.conf",
+        user="postgres", group="postgres", mode="644",
+    )
+
+    # activate. max_connections and listen_addresses take effect only on a restart.
+    unit = f"postgresql@{major}-main.service"
+    systemd.service(name="Restart PostgreSQL for its new settings", service=unit,
+                    running=True, restarted=True, _if=conf.did_change)
+    systemd.service(name="PostgreSQL enabled and running", service="postgresql.service",
+                    running=True, enabled=True)
+    systemd.service(name=f"PostgreSQL cluster {major}/main running", service=unit,
+                    running=True)
+
+    # database
+    role(name=f"Database role {db.user} (password from cluster.yaml)", role=db.user,
+         password=db.password)
+    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user)

@@ -1,0 +1,170 @@
+"""Custom pyinfra operations shared by the storage and scheduler roles.
+
+pyinfra 3.10 re-runs an operation's body when it executes, with facts read again at that
+moment, so each operation below decides from the node's state right before it acts and yields
+nothing when that state is already right: a second deploy reports no change.
+
+- `secret_file`: a 0600 file whose content never appears in pyinfra's output, not even with
+  `--diff` (files.put/files.template print the whole content there).
+- `verified_binary` / `verified_deb`: a vendor artifact downloaded on the node, checked against
+  the sha256 pinned in cluster.yaml and installed only when it matches; a mismatch deletes the
+  download and fails this host with a message naming the artifact.
+- `packages`: apt packages, refreshing the apt lists first only when something is missing.
+- `wait_for_http`: poll a URL on the node until it answers 200.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Sha1File, Sha256File
+from pyinfra.operations import apt
+
+# apt waits for an unattended upgrade's lock instead of failing (facts.md: no wait in 3.10).
+APT_LOCK_WAIT = "-o DPkg::Lock::Timeout=600"
+# A package's own copy of a config file never replaces the one this deploy wrote before it.
+DPKG_KEEP_CONFIG = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+
+
+class SecretBytes:
+    """File content that must not be shown: pyinfra prints operation arguments with str()."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | str):
+        self.data = data.encode() if isinstance(data, str) else bytes(data)
+
+    def __repr__(self) -> str:
+        return f"SecretBytes({len(self.data)} bytes, not shown)"
+
+    __str__ = __repr__
+
+
+def env_file(header: str, variables: dict[str, str]) -> str:
+    """A systemd EnvironmentFile: KEY="value", with systemd's double-quote escapes.
+
+    Inside double quotes systemd unescapes \\" \\\\ \\` and \\$ and keeps other backslashes.
+    A newline cannot be carried safely, so it is refused (naming the variable, not the value).
+    """
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for key, value in variables.items():
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"{key}: the value contains a line break, which an environment "
+                             "file cannot hold")
+        escaped = "".join("\\" + c if c in '"\\`$' else c for c in value)
+        lines.append(f'{key}="{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
+def _mode_int(mode: str) -> int:
+    # pyinfra's File fact reports modes as the octal digits read as decimal (0600 -> 600).
+    return int(mode.lstrip("0") or "0")
+
+
+@operation()
+def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str = "root",
+                mode: str = "600"):
+    """Upload `content` to `dest` (root:root 0600 by default) when its sha1 differs.
+
+    The file is created empty with its final owner and mode before the content is written
+    into it, so the secret is never readable by anyone else, not even for a moment. (SFTP
+    creates new files 0644; writing into an existing file keeps that file's mode.)
+    """
+    remote = host.get_fact(File, path=dest)
+    wanted_sha1 = hashlib.sha1(content.data).hexdigest()
+    same_content = bool(remote) and host.get_fact(Sha1File, path=dest) == wanted_sha1
+    owner = f"{user}:{group}"
+    quoted = shlex.quote(dest)
+    if not same_content:
+        yield StringCommand(f"touch {quoted} && chown {owner} {quoted} && chmod {mode} {quoted}")
+        yield FileUploadCommand(io.BytesIO(content.data), dest,
+                                remote_temp_filename=host.get_temp_filename(dest))
+        return
+    if remote["user"] != user or remote["group"] != group:
+        yield StringCommand(f"chown {owner} {quoted}")
+    if remote["mode"] != _mode_int(mode):
+        yield StringCommand(f"chmod {mode} {quoted}")
+
+
+def _fetch_and_check(url: str, sha256: str, tmp: str, artifact: str) -> str:
+    """Shell that downloads `url` to `tmp` and keeps it only if its sha256 is the pinned one."""
+    q_tmp, q_url = shlex.quote(tmp), shlex.quote(url)
+    mismatch = shlex.quote(
+        f"{artifact}: sha256 mismatch for {url}: expected {sha256}, got "
+    )
+    failed = shlex.quote(f"{artifact}: download failed from {url}")
+    return (
+        f"rm -f {q_tmp}; "
+        f"curl -fsSL --retry 3 -o {q_tmp} {q_url} || {{ rm -f {q_tmp}; echo {failed} >&2; exit 1; }}; "
+        f"actual=$(sha256sum {q_tmp} | cut -d' ' -f1); "
+        f"if [ \"$actual\" != {sha256} ]; then rm -f {q_tmp}; "
+        f"echo {mismatch}\"$actual\"'; nothing was installed' >&2; exit 1; fi"
+    )
+
+
+@operation()
+def verified_binary(url: str, sha256: str, dest: str, artifact: str, mode: str = "755"):
+    """Install the file at `url` as `dest` (root-owned) if `dest` does not already match."""
+    if host.get_fact(Sha256File, path=dest) == sha256:
+        host.noop(f"{dest} is the pinned {artifact}")
+        return
+    # Beside the destination, so the final mv is an atomic rename on the same filesystem.
+    tmp = f"{dest}.download"
+    yield StringCommand(
+        _fetch_and_check(url, sha256, tmp, artifact)
+        + f"; chown root:root {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)}"
+        + f" && mv -f {shlex.quote(tmp)} {shlex.quote(dest)}"
+    )
+
+
+@operation()
+def verified_deb(package: str, version: str, url: str, sha256: str, artifact: str):
+    """Install `package` `version` from the .deb at `url` unless that version is installed."""
+    if version in host.get_fact(DebPackages).get(package, ()):
+        host.noop(f"{package} {version} is installed")
+        return
+    # apt-get only treats an argument as a package file if it ends in .deb.
+    tmp = f"/var/cache/apt/archives/{package}_{version}.verified.deb"
+    yield StringCommand(
+        _fetch_and_check(url, sha256, tmp, artifact)
+        # apt (not dpkg -i) so the package's dependencies come from the configured archives.
+        + f"; DEBIAN_FRONTEND=noninteractive apt-get install -y {APT_LOCK_WAIT} {DPKG_KEEP_CONFIG}"
+        + f" {shlex.quote(tmp)}; status=$?; rm -f {shlex.quote(tmp)}; exit $status"
+    )
+
+
+def missing_packages(names) -> list[str]:
+    installed = host.get_fact(DebPackages)
+    return [n for n in names if n not in installed]
+
+
+def packages(names: list[str], what: str):
+    """apt-get install `names`; `apt-get update` first only if one of them is missing.
+
+    An unconditional update would count as a change on every deploy.
+    """
+    apt.update(name=f"Refresh apt lists for {what}",
+               _if=lambda: bool(missing_packages(names)))
+    return apt.packages(name=f"Install {what}", packages=names,
+                        extra_install_args=APT_LOCK_WAIT)
+
+
+def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
+    """Poll `url` from the node until it answers 200; fails with a pointer to the journal."""
+    from pyinfra.operations import server
+
+    give_up = shlex.quote(f"{what} did not answer 200 at {url} within {seconds} s")
+    return server.shell(
+        name=f"Wait until {what} is ready",
+        commands=[(
+            f"for i in $(seq {seconds}); do "
+            f"curl -fsS -o /dev/null --max-time 2 {shlex.quote(url)} && exit 0; sleep 1; done; "
+            f"echo {give_up} >&2; exit 1"
+        )],
+        **kwargs,
+    )

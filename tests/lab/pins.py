@@ -1,0 +1,77 @@
+"""Keep the lab cluster.yaml's sha256 pins equal to what the lab mirror builds.
+
+Stand-ins are built deterministically, so their sha256 is a fact of the sources; after
+changing a stand-in run `python -m tests.lab.pins` (it rewrites only the sha256 lines),
+and a unit test fails with the same advice when they drift.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from deploy.cluster import DEFAULT_DETERMINED_VERSION, DEFAULT_VERSIONS
+
+from .paths import DEFAULT_CLUSTER, MIRROR
+
+LAB_DISTRO = "debian12"  # lab nodes are Debian 12
+PINNED = ("mofed_tarball", "minio", "determined_master", "determined_agent")
+
+
+def mirror_paths(cluster_path: Path) -> dict[str, str]:
+    """Source name -> path inside the mirror of the artifact the lab's nodes fetch."""
+    raw = yaml.safe_load(Path(cluster_path).read_text())
+    versions = {**DEFAULT_VERSIONS, **(raw.get("versions") or {})}
+    det_version = (raw.get("determined") or {}).get("version", DEFAULT_DETERMINED_VERSION)
+    paths = {}
+    for name in PINNED:
+        url = raw["sources"][name]["url"]
+        version = det_version if name.startswith("determined") else versions["mofed"]
+        url = url.format(version=version, distro=LAB_DISTRO)
+        paths[name] = re.sub(r"^https?://[^/]+/", "", url)
+    return paths
+
+
+def built_sums(mirror_dir: Path) -> dict[str, str]:
+    sums = {}
+    for line in (mirror_dir / "artifacts.sha256").read_text().splitlines():
+        digest, path = line.split(None, 1)
+        sums[path.strip()] = digest
+    return sums
+
+
+def expected_pins(cluster_path: Path, mirror_dir: Path) -> dict[str, str]:
+    sums = built_sums(mirror_dir)
+    return {name: sums[path] for name, path in mirror_paths(cluster_path).items()}
+
+
+def stale(cluster_path: Path, mirror_dir: Path = MIRROR) -> list[str]:
+    raw = yaml.safe_load(Path(cluster_path).read_text())["sources"]
+    return [name for name, digest in expected_pins(cluster_path, mirror_dir).items()
+            if raw[name].get("sha256") != digest]
+
+
+def rewrite(text: str, pins: dict[str, str]) -> str:
+    for name, digest in pins.items():
+        pattern = re.compile(rf"(\n  {name}:\n(?:    .*\n)*?    sha256: )([^\n]*)")
+        text, n = pattern.subn(lambda m, d=digest: m.group(1) + d, text, count=1)
+        if n != 1:
+            raise ValueError(f"sources.{name}.sha256 not found")
+    return text
+
+
+def main() -> int:
+    cluster_path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_CLUSTER
+    pins = expected_pins(cluster_path, MIRROR)
+    text = cluster_path.read_text()
+    new = rewrite(text, pins)
+    if new != text:
+        cluster_path.write_text(new)
+    for name, digest in pins.items():
+        print(f"{name}: {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

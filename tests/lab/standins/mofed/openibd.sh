@@ -1,0 +1,72 @@
+#!/bin/sh
+# Stands in for MLNX_OFED's /etc/init.d/openibd (package mlnx-ofed-kernel-utils @KERNEL_VERSION@); lab only.
+### BEGIN INIT INFO
+# Provides:       openibd
+# Required-Start: $local_fs
+# Required-Stop:  $local_fs
+# Default-Start:  2 3 4 5
+# Default-Stop:   0 1 6
+# Short-Description: Activates/Deactivates InfiniBand Driver to start at boot time.
+### END INIT INFO
+# "Loading the HCA driver" records a flag in /run; the IPoIB link ib0 itself is the lab's veth
+# and is left alone, so a restart does not drop the node off the fabric.
+STATE_DIR=/run/mlnx-ofed-standin
+
+ok() { printf '%-58s[  OK  ]\n' "$1"; }
+
+start() {
+    mkdir -p "$STATE_DIR"
+    echo "@OFED_VERSION@" > "$STATE_DIR/driver-loaded"
+    ok "Loading HCA driver and Access Layer:"
+}
+
+stop() {
+    rm -f "$STATE_DIR/driver-loaded"
+    ok "Unloading HCA driver:"
+}
+
+case "$1" in
+  start) start ;;
+  stop) stop ;;
+  restart|force-reload) stop; start ;;
+  status)
+    if [ -e "$STATE_DIR/driver-loaded" ]; then
+      echo
+      echo "  HCA driver loaded"
+      echo
+      echo "Configured IPoIB devices:"
+      echo "ib0"
+      echo
+      echo "Currently active IPoIB devices:"
+      if [ "$(cat /sys/class/net/ib0/operstate 2>/dev/null)" = up ]; then echo "ib0"; fi
+      echo "Configured Mellanox EN devices:"
+      echo
+      echo "Currently active Mellanox devices:"
+      echo "ib0"
+      echo
+      echo "The following OFED modules are loaded:"
+      echo
+      echo "  rdma_ucm"
+      echo "  rdma_cm"
+      echo "  ib_ipoib"
+      echo "  mlx5_core"
+      echo "  mlx5_ib"
+      echo "  ib_uverbs"
+      echo "  ib_umad"
+      echo "  ib_cm"
+      echo "  ib_core"
+      echo "  mlxfw"
+      echo
+      exit 0
+    fi
+    echo
+    echo "  HCA driver is not loaded"
+    echo
+    exit 3
+    ;;
+  *)
+    echo "Usage: $0 {start|force-start|stop|force-stop|restart|force-restart|status}"
+    exit 1
+    ;;
+esac
+exit 0

@@ -1,0 +1,1 @@
+# Stand-ins for NVIDIA NCCL packages libnccl2 / libnccl-dev (lab only).

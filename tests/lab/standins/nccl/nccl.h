@@ -1,0 +1,41 @@
+/* Stands in for NVIDIA's nccl.h (package libnccl-dev @DEB_VERSION@); lab only. */
+#ifndef NCCL_H_
+#define NCCL_H_
+
+#define NCCL_MAJOR @MAJOR@
+#define NCCL_MINOR @MINOR@
+#define NCCL_PATCH @PATCH@
+#define NCCL_SUFFIX ""
+
+#define NCCL_VERSION_CODE @CODE@
+#define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7,
+    ncclNumResults = 8
+} ncclResult_t;
+
+/* Return the NCCL_VERSION_CODE of the NCCL library in the supplied integer. */
+ncclResult_t ncclGetVersion(int *version);
+ncclResult_t pncclGetVersion(int *version);
+
+/* Returns a string for each error code. */
+const char *ncclGetErrorString(ncclResult_t result);
+const char *pncclGetErrorString(ncclResult_t result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NCCL_H_ */

@@ -1,0 +1,1 @@
+# Stand-ins for NVIDIA driver packages, cuda-keyring and the NVIDIA Container Toolkit (lab only).

@@ -1,0 +1,328 @@
+# Builds stand-ins for NVIDIA's driver packages (cuda-drivers-515 ...), cuda-keyring and the Container Toolkit.
+"""NVIDIA packages for the lab's CUDA repository (`cuda/repos/<distro>/x86_64/`).
+
+Driver branches, with NVIDIA's package structure:
+  cuda-drivers (V-1) -> cuda-drivers-<B> (= V-1) -> exact (= V-0ubuntu1) versions of
+  nvidia-driver-<B>, nvidia-dkms-<B>, libnvidia-compute-<B>, nvidia-utils-<B>,
+  nvidia-kernel-source-<B>, nvidia-modprobe.
+515.65.01 is the pinned target, 515.48.07 the older one for the upgrade path and 520.61.05
+the newer one an unpinned `apt-get install cuda-drivers` (or cuda-11-7) would pull in.
+Branch packages provide and conflict with a branch-less virtual name, so two branches
+cannot be installed side by side (as with NVIDIA's and Ubuntu's packages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from tests.lab.debs import Symlink
+from tests.lab.standins import compile_shared_library, render, source
+
+DRIVER_RELEASES = (
+    # (branch, driver version, CUDA version reported by nvidia-smi)
+    ("515", "515.48.07", "11.7"),
+    ("515", "515.65.01", "11.7"),
+    ("520", "520.61.05", "11.8"),
+)
+TOOLKIT_VERSION = "1.13.5"
+TOOLKIT_DEB_VERSION = "1.13.5-1"
+KEYRING_VERSION = "1.1-1"
+MODULE_UNIT = "nvidia-module-load.service"
+
+STANDIN_NOTE = "\n This is a lab stand-in built by tests/lab; it contains no NVIDIA software."
+TOOLKIT_MAINTAINER = "NVIDIA CORPORATION <cudatools@nvidia.com>"
+
+CUDA_REPO_PIN = """Package: nsight-compute
+Pin: origin *ubuntu.com*
+Pin-Priority: -1
+
+Package: nsight-systems
+Pin: origin *ubuntu.com*
+Pin-Priority: -1
+
+Package: *
+Pin: release l=NVIDIA CUDA
+Pin-Priority: 600
+"""
+
+
+def _exclusive(virtual: str) -> dict[str, str]:
+    """Control fields making branch packages mutually exclusive through a virtual name."""
+    return {"Provides": virtual, "Conflicts": virtual, "Replaces": virtual}
+
+
+def _sh(text: str) -> bytes:
+    return text.encode()
+
+
+def build_driver_release(ctx, branch: str, version: str, cuda_version: str) -> None:
+    pool = ctx.cuda_pool
+    sub = f"{version}-0ubuntu1"
+    meta = f"{version}-1"
+    exact = f"(= {sub})"
+
+    ctx.build_deb(
+        pool,
+        f"nvidia-kernel-source-{branch}",
+        sub,
+        {
+            f"/usr/src/nvidia-{version}/README.lab": (
+                f"Stand-in for the NVIDIA {version} kernel module sources (lab only).\n".encode(),
+                0o644,
+            ),
+        },
+        description=f"NVIDIA kernel source package{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-kernel-source"), "Section": "non-free/kernel"},
+    )
+
+    postinst = f"""#!/bin/sh
+# Stands in for nvidia-dkms-{branch} postinst (DKMS build, module enabled for the next boot); lab only.
+set -e
+if [ "$1" = configure ]; then
+    echo "Building initial module for $(uname -r)"
+    echo "Done. (lab stand-in: nvidia {version} loads at the next boot)"
+    if command -v systemctl >/dev/null 2>&1; then
+        # --root only when dpkg runs chrootless into another root (DPKG_ROOT set)
+        root_opt=${{DPKG_ROOT:+--root=$DPKG_ROOT}}
+        systemctl $root_opt enable {MODULE_UNIT} >/dev/null 2>&1 \\
+            || systemctl $root_opt enable {MODULE_UNIT}
+    fi
+fi
+exit 0
+"""
+    prerm = f"""#!/bin/sh
+# Stands in for nvidia-dkms-{branch} prerm (module removed from DKMS); lab only.
+set -e
+if [ "$1" = remove ] && command -v systemctl >/dev/null 2>&1; then
+    systemctl ${{DPKG_ROOT:+--root=$DPKG_ROOT}} disable {MODULE_UNIT} >/dev/null 2>&1 || true
+fi
+exit 0
+"""
+    ctx.build_deb(
+        pool,
+        f"nvidia-dkms-{branch}",
+        sub,
+        {
+            "/usr/lib/nvidia-standin/module-version": (f"{version}\n".encode(), 0o644),
+            "/usr/lib/nvidia-standin/load-module": (
+                _sh(render(source("nvidia/load-module.sh"), BRANCH=branch)),
+                0o755,
+            ),
+            f"/lib/systemd/system/{MODULE_UNIT}": (
+                source("nvidia/nvidia-module-load.service").encode(),
+                0o644,
+            ),
+            f"/usr/src/nvidia-{version}/dkms.conf": (
+                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n'
+                "# lab stand-in: nothing is built\n".encode(),
+                0o644,
+            ),
+        },
+        depends=[f"nvidia-kernel-source-{branch} {exact}"],
+        description=f"NVIDIA DKMS package{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-dkms-kernel"), "Section": "non-free/kernel"},
+        scripts={"postinst": postinst, "prerm": prerm},
+    )
+
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    major, minor = cuda_version.split(".")
+    nvml = compile_shared_library(
+        source("nvidia/nvml.c"), "libnvidia-ml.so.1", defines={"DRIVER_VERSION": f'"{version}"'}
+    )
+    libcuda = compile_shared_library(
+        source("nvidia/libcuda.c"),
+        "libcuda.so.1",
+        defines={"CUDA_DRIVER_API_VERSION": str(int(major) * 1000 + int(minor) * 10)},
+    )
+    ctx.build_deb(
+        pool,
+        f"libnvidia-compute-{branch}",
+        sub,
+        {
+            f"{libdir}/libnvidia-ml.so.{version}": (nvml, 0o644),
+            f"{libdir}/libnvidia-ml.so.1": Symlink(f"libnvidia-ml.so.{version}"),
+            f"{libdir}/libcuda.so.{version}": (libcuda, 0o644),
+            f"{libdir}/libcuda.so.1": Symlink(f"libcuda.so.{version}"),
+        },
+        description=f"NVIDIA libcompute package{STANDIN_NOTE}",
+        extra_control={**_exclusive("libnvidia-compute"), "Section": "non-free/libs"},
+        scripts={"triggers": "activate-noawait ldconfig\n"},
+    )
+
+    ctx.build_deb(
+        pool,
+        f"nvidia-utils-{branch}",
+        sub,
+        {
+            "/usr/bin/nvidia-smi": (
+                _sh(
+                    render(
+                        source("nvidia/nvidia_smi.py"),
+                        DRIVER_VERSION=version,
+                        CUDA_VERSION=cuda_version,
+                    )
+                ),
+                0o755,
+            ),
+        },
+        depends=["python3", f"libnvidia-compute-{branch} {exact}"],
+        description=f"NVIDIA driver support binaries{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-utils"), "Section": "non-free/utils"},
+    )
+
+    ctx.build_deb(
+        pool,
+        "nvidia-modprobe",
+        sub,
+        {
+            "/usr/bin/nvidia-modprobe": (
+                _sh(render(source("nvidia/nvidia-modprobe.sh"), VERSION=version)),
+                0o755,
+            )
+        },
+        description=f"Load the NVIDIA kernel driver and create device files{STANDIN_NOTE}",
+        extra_control={"Section": "utils"},
+    )
+
+    ctx.build_deb(
+        pool,
+        f"nvidia-driver-{branch}",
+        sub,
+        {},
+        depends=[
+            f"nvidia-dkms-{branch} {exact}",
+            f"libnvidia-compute-{branch} {exact}",
+            f"nvidia-utils-{branch} {exact}",
+            f"nvidia-kernel-source-{branch} {exact}",
+            f"nvidia-modprobe (>= {version})",
+        ],
+        description=f"NVIDIA driver metapackage{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-driver-binary"), "Section": "non-free/libs"},
+    )
+
+    ctx.build_deb(
+        pool,
+        f"cuda-drivers-{branch}",
+        meta,
+        {},
+        depends=[
+            f"nvidia-driver-{branch} {exact}",
+            f"nvidia-dkms-{branch} {exact}",
+            f"libnvidia-compute-{branch} {exact}",
+            f"nvidia-utils-{branch} {exact}",
+            f"nvidia-kernel-source-{branch} {exact}",
+            f"nvidia-modprobe {exact}",
+        ],
+        description=f"CUDA Driver native dependencies{STANDIN_NOTE}",
+        extra_control={"Section": "multiverse/devel"},
+    )
+    ctx.build_deb(
+        pool,
+        "cuda-drivers",
+        meta,
+        {},
+        depends=[f"cuda-drivers-{branch} (= {meta})"],
+        description=f"CUDA Driver meta-package, branch-agnostic{STANDIN_NOTE}",
+        extra_control={"Section": "multiverse/devel"},
+    )
+
+
+def build_keyring(ctx, distro: str) -> None:
+    """cuda-keyring_1.1-1_all.deb for one distro folder, trusting the lab's archive key."""
+    url = f"{ctx.base_url.rstrip('/')}/cuda/repos/{distro}/x86_64/"
+    keyring = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+    sources = f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list"
+    pin = "/etc/apt/preferences.d/cuda-repository-pin-600"
+    ctx.build_deb(
+        ctx.cuda_repo_dir(distro),
+        "cuda-keyring",
+        KEYRING_VERSION,
+        {
+            keyring: (ctx.keyring, 0o644),
+            sources: (f"deb [signed-by={keyring}] {url} /\n".encode(), 0o644),
+            pin: (CUDA_REPO_PIN.encode(), 0o644),
+        },
+        arch="all",
+        description=f"GPG keyring for the CUDA repository{STANDIN_NOTE}",
+        conffiles=[sources, pin],
+        extra_control={"Section": "multiverse/devel", "Priority": "optional"},
+    )
+
+
+def build_container_toolkit(ctx) -> None:
+    pool = ctx.cuda_pool
+    v = TOOLKIT_DEB_VERSION
+    commit = hashlib.sha1(f"nvidia-container-toolkit {TOOLKIT_VERSION} lab".encode()).hexdigest()
+    subs = {"VERSION": TOOLKIT_VERSION, "COMMIT": commit}
+
+    def script(name: str) -> tuple[bytes, int]:
+        return render(source(f"nvidia/{name}"), **subs).encode(), 0o755
+
+    ctx.build_deb(
+        pool,
+        "libnvidia-container1",
+        v,
+        {
+            "/usr/share/doc/libnvidia-container1/README.lab": (
+                b"Stand-in for libnvidia-container1 (lab only): no library is shipped.\n",
+                0o644,
+            )
+        },
+        description=f"NVIDIA container runtime library{STANDIN_NOTE}",
+        maintainer=TOOLKIT_MAINTAINER,
+        extra_control={"Section": "libs"},
+    )
+    ctx.build_deb(
+        pool,
+        "libnvidia-container-tools",
+        v,
+        {"/usr/bin/nvidia-container-cli": script("nvidia-container-cli.sh")},
+        depends=[f"libnvidia-container1 (>= {v})"],
+        description=f"NVIDIA container runtime library (command-line tools){STANDIN_NOTE}",
+        maintainer=TOOLKIT_MAINTAINER,
+        extra_control={"Section": "utils"},
+    )
+    ctx.build_deb(
+        pool,
+        "nvidia-container-toolkit-base",
+        v,
+        {
+            "/usr/bin/nvidia-ctk": script("nvidia_ctk.py"),
+            "/usr/bin/nvidia-container-runtime": script("nvidia-container-runtime.sh"),
+            "/etc/nvidia-container-runtime/config.toml": (
+                source("nvidia/config.toml").encode(),
+                0o644,
+            ),
+        },
+        depends=["python3"],
+        conffiles=["/etc/nvidia-container-runtime/config.toml"],
+        description=f"NVIDIA Container Toolkit Base{STANDIN_NOTE}",
+        maintainer=TOOLKIT_MAINTAINER,
+        extra_control={
+            "Section": "utils",
+            "Breaks": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook",
+            "Replaces": "nvidia-container-runtime (<= 3.5.0-1), nvidia-container-runtime-hook",
+        },
+    )
+    ctx.build_deb(
+        pool,
+        "nvidia-container-toolkit",
+        v,
+        {"/usr/bin/nvidia-container-runtime-hook": script("nvidia-container-runtime-hook.sh")},
+        depends=[
+            f"libnvidia-container-tools (>= {v})",
+            "libnvidia-container-tools (<< 2.0.0)",
+            f"nvidia-container-toolkit-base (= {v})",
+        ],
+        description=f"NVIDIA Container toolkit{STANDIN_NOTE}",
+        maintainer=TOOLKIT_MAINTAINER,
+        extra_control={"Section": "utils"},
+    )
+
+
+def build(ctx) -> None:
+    for branch, version, cuda_version in DRIVER_RELEASES:
+        build_driver_release(ctx, branch, version, cuda_version)
+    for distro in ctx.cuda_distros:
+        build_keyring(ctx, distro)
+    build_container_toolkit(ctx)

@@ -1,0 +1,520 @@
+#!/usr/bin/python3
+# Stands in for NVIDIA's nvidia-smi (package nvidia-utils-515, driver @DRIVER_VERSION@); lab only.
+"""nvidia-smi for lab nodes without GPUs.
+
+Answers the forms the deploy and its checks use, in the real output formats:
+  nvidia-smi                      the usual table
+  nvidia-smi -L                   one line per GPU
+  nvidia-smi --query-gpu=F,... --format=csv[,noheader][,nounits] [-i IDS]
+  nvidia-smi topo -m              the topology matrix with legend
+  nvidia-smi -q                   a short NVSMI LOG
+  nvidia-smi -pm 0|1              persistence mode (root only)
+
+The "driver" is the kernel-module state written at boot by nvidia-module-load.service into
+/run/nvidia-standin/loaded-version. Missing: exit 9 (driver not loaded); different from this
+userspace version: exit 18 (Driver/library version mismatch). So a driver change needs a
+reboot before nvidia-smi works again, as on real hardware.
+
+GPU topology: /etc/dtlab/gpu-topology.json if present (written by the lab before boot),
+otherwise 8 x NVIDIA A100-SXM4-80GB in two NVLink domains of four. Format:
+
+  {
+    "gpus": [                               # one entry per GPU, a name or an object
+      "NVIDIA A100-SXM4-80GB",
+      {"name": "NVIDIA A100-SXM4-80GB",     # required in the object form
+       "bus_id": "00000000:07:00.0",        # optional, defaults per index
+       "memory_mib": 81920,                 # optional, from the name (80GB/40GB/...)
+       "uuid": "GPU-...",                   # optional, derived from hostname and index
+       "cpu_affinity": "0-31",              # optional, "N/A" when absent
+       "numa_affinity": "0"}                # optional, "N/A" when absent
+    ],
+    "nics": ["mlx5_0"],                     # optional NIC columns of topo -m
+    "matrix": [["X", "NV12", ...], ...]     # (gpus + nics) square, symmetric, "X" on the
+  }                                         # diagonal; X SYS NODE PHB PXB PIX NV<n>
+
+Test-only environment overrides (never set on a node): DTLAB_STANDIN_ETC_DIR (for
+/etc/dtlab), DTLAB_STANDIN_RUN_DIR (for /run/nvidia-standin), DTLAB_STANDIN_HOSTNAME.
+"""
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+import uuid
+
+DRIVER_VERSION = "@DRIVER_VERSION@"
+CUDA_VERSION = "@CUDA_VERSION@"
+
+ETC_DIR = os.environ.get("DTLAB_STANDIN_ETC_DIR", "/etc/dtlab")
+RUN_DIR = os.environ.get("DTLAB_STANDIN_RUN_DIR", "/run/nvidia-standin")
+
+EXIT_INVALID_ARG = 2
+EXIT_NO_PERMISSION = 4
+EXIT_NO_DEVICES = 6
+EXIT_DRIVER_NOT_LOADED = 9
+EXIT_VERSION_MISMATCH = 18
+EXIT_OTHER = 255
+
+MSG_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n"
+)
+MSG_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\n"
+MSG_INVALID = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+
+DEFAULT_BUS_IDS = [
+    "00000000:07:00.0",
+    "00000000:0F:00.0",
+    "00000000:47:00.0",
+    "00000000:4E:00.0",
+    "00000000:87:00.0",
+    "00000000:90:00.0",
+    "00000000:B7:00.0",
+    "00000000:BD:00.0",
+]
+LINK_LABEL = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|NV[1-9][0-9]*)$")
+
+LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+class TopologyError(Exception):
+    pass
+
+
+def default_topology():
+    gpus = []
+    for i in range(8):
+        domain = i // 4
+        gpus.append(
+            {
+                "name": "NVIDIA A100-SXM4-80GB",
+                "cpu_affinity": "0-31" if domain == 0 else "32-63",
+                "numa_affinity": str(domain),
+            }
+        )
+    nics = ["mlx5_0"]
+    n = len(gpus) + len(nics)
+    matrix = [["SYS"] * n for _ in range(n)]
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                matrix[a][b] = "X"
+            elif a // 4 == b // 4:
+                matrix[a][b] = "NV12"
+        # mlx5_0 hangs off the PCIe switch of the first domain (NUMA 0).
+        matrix[a][8] = matrix[8][a] = "PXB" if a < 4 else "SYS"
+    matrix[8][8] = "X"
+    return {"gpus": gpus, "nics": nics, "matrix": matrix}
+
+
+def hostname():
+    name = os.environ.get("DTLAB_STANDIN_HOSTNAME")
+    if name:
+        return name
+    try:
+        with open("/etc/hostname") as f:
+            name = f.read().strip()
+    except OSError:
+        name = ""
+    return name or socket.gethostname()
+
+
+def memory_for(name):
+    m = re.search(r"(\d+)GB", name)
+    return int(m.group(1)) * 1024 if m else 81920
+
+
+def load_topology():
+    path = os.path.join(ETC_DIR, "gpu-topology.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise TopologyError(f"{path}: {exc}") from None
+        where = path
+    else:
+        raw = default_topology()
+        where = "default topology"
+    return normalise(raw, where)
+
+
+def normalise(raw, where):
+    if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list):
+        raise TopologyError(f"{where}: needs a 'gpus' list")
+    host = hostname()
+    gpus = []
+    for i, g in enumerate(raw["gpus"]):
+        if isinstance(g, str):
+            g = {"name": g}
+        if not isinstance(g, dict) or not isinstance(g.get("name"), str):
+            raise TopologyError(f"{where}: gpus[{i}] needs a 'name'")
+        bus = g.get("bus_id") or (
+            DEFAULT_BUS_IDS[i] if i < len(DEFAULT_BUS_IDS) else f"00000000:{0xC0 + i:02X}:00.0"
+        )
+        gpus.append(
+            {
+                "index": i,
+                "name": g["name"],
+                "bus_id": bus,
+                "memory_mib": int(g.get("memory_mib") or memory_for(g["name"])),
+                "uuid": g.get("uuid")
+                or "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{i}.dtlab")),
+                "cpu_affinity": str(g.get("cpu_affinity", "N/A")),
+                "numa_affinity": str(g.get("numa_affinity", "N/A")),
+            }
+        )
+    nics = raw.get("nics", [])
+    if not isinstance(nics, list) or not all(isinstance(n, str) for n in nics):
+        raise TopologyError(f"{where}: 'nics' must be a list of names")
+    n = len(gpus) + len(nics)
+    matrix = raw.get("matrix")
+    if matrix is None:
+        matrix = [["X" if a == b else "SYS" for b in range(n)] for a in range(n)]
+    if not isinstance(matrix, list) or len(matrix) != n:
+        raise TopologyError(f"{where}: 'matrix' must have {n} rows (gpus + nics)")
+    for a, row in enumerate(matrix):
+        if not isinstance(row, list) or len(row) != n:
+            raise TopologyError(f"{where}: matrix row {a} must have {n} entries")
+        for b, label in enumerate(row):
+            if not isinstance(label, str) or not LINK_LABEL.match(label):
+                raise TopologyError(f"{where}: matrix[{a}][{b}]: bad link label {label!r}")
+            if (a == b) != (label == "X"):
+                raise TopologyError(f"{where}: matrix[{a}][{b}]: 'X' belongs on the diagonal only")
+            if matrix[b][a] != label:
+                raise TopologyError(f"{where}: matrix is not symmetric at [{a}][{b}]")
+    return {"gpus": gpus, "nics": nics, "matrix": matrix}
+
+
+def driver_state():
+    """Exit code and message when the 'kernel module' does not match, else None."""
+    try:
+        with open(os.path.join(RUN_DIR, "loaded-version")) as f:
+            loaded = f.read().strip()
+    except FileNotFoundError:
+        return EXIT_DRIVER_NOT_LOADED, MSG_NO_DRIVER
+    if loaded != DRIVER_VERSION:
+        return EXIT_VERSION_MISMATCH, MSG_MISMATCH
+    return None
+
+
+def persistence_enabled():
+    return os.path.exists(os.path.join(RUN_DIR, "persistence-mode"))
+
+
+def gpu_metrics(g):
+    i = g["index"]
+    cap = 400 if "A100-SXM" in g["name"] else 300
+    return {"temp": 30 + i % 5, "power": 58 + i, "cap": cap}
+
+
+def short_name(name):
+    return name if len(name) <= 18 else name[:15] + "..."
+
+
+def table(topo):
+    pm = "On" if persistence_enabled() else "Off"
+    lines = [time.strftime("%a %b %e %H:%M:%S %Y") + "       "]
+    sep = "+-------------------------------+----------------------+----------------------+"
+    full = "+-----------------------------------------------------------------------------+"
+    lines.append(full)
+    head = f"NVIDIA-SMI {DRIVER_VERSION}    Driver Version: {DRIVER_VERSION}    CUDA Version: {CUDA_VERSION}"
+    lines.append("| " + head.ljust(76) + "|")
+    lines.append("|-------------------------------+----------------------+----------------------+")
+    lines.append("| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |")
+    lines.append("| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |")
+    lines.append("|                               |                      |               MIG M. |")
+    lines.append("|===============================+======================+======================|")
+    for g in topo["gpus"]:
+        m = gpu_metrics(g)
+        lines.append(
+            f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} "
+            f"| {g['bus_id']:<16} Off | {'0':>20} |"
+        )
+        lines.append(
+            f"| N/A   {m['temp']:>2}C    P0   {m['power']:>3}W / {m['cap']:>3}W "
+            f"| {0:>6}MiB / {g['memory_mib']:>5}MiB | {0:>6}%      Default |"
+        )
+        lines.append(f"| {'':<29} | {'':<20} | {'Disabled':>20} |")
+        lines.append(sep)
+    lines.append(" " * 79)
+    lines.append(full)
+    for text in (
+        "Processes:",
+        " GPU   GI   CI        PID   Type   Process name                  GPU Memory",
+        "       ID   ID                                                   Usage     ",
+    ):
+        lines.append("| " + text.ljust(76) + "|")
+    lines.append("|=============================================================================|")
+    lines.append("|  No running processes found".ljust(78) + "|")
+    lines.append(full)
+    return "\n".join(lines) + "\n"
+
+
+def list_gpus(topo):
+    return "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in topo["gpus"])
+
+
+# name -> (canonical header, unit or None, value function)
+def _fields(topo):
+    count = len(topo["gpus"])
+    return {
+        "timestamp": ("timestamp", None, lambda g: time.strftime("%Y/%m/%d %H:%M:%S.000")),
+        "driver_version": ("driver_version", None, lambda g: DRIVER_VERSION),
+        "count": ("count", None, lambda g: str(count)),
+        "index": ("index", None, lambda g: str(g["index"])),
+        "name": ("name", None, lambda g: g["name"]),
+        "gpu_name": ("name", None, lambda g: g["name"]),
+        "uuid": ("uuid", None, lambda g: g["uuid"]),
+        "gpu_uuid": ("uuid", None, lambda g: g["uuid"]),
+        "serial": ("serial", None, lambda g: f"13201210{g['index']:05d}"),
+        "pci.bus_id": ("pci.bus_id", None, lambda g: g["bus_id"]),
+        "gpu_bus_id": ("pci.bus_id", None, lambda g: g["bus_id"]),
+        "persistence_mode": (
+            "persistence_mode",
+            None,
+            lambda g: "Enabled" if persistence_enabled() else "Disabled",
+        ),
+        "pstate": ("pstate", None, lambda g: "P0"),
+        "vbios_version": ("vbios_version", None, lambda g: "92.00.36.00.01"),
+        "compute_mode": ("compute_mode", None, lambda g: "Default"),
+        "mig.mode.current": ("mig.mode.current", None, lambda g: "Disabled"),
+        "ecc.mode.current": ("ecc.mode.current", None, lambda g: "Enabled"),
+        "temperature.gpu": ("temperature.gpu", None, lambda g: str(gpu_metrics(g)["temp"])),
+        "utilization.gpu": ("utilization.gpu [%]", "%", lambda g: "0"),
+        "utilization.memory": ("utilization.memory [%]", "%", lambda g: "0"),
+        "memory.total": ("memory.total [MiB]", "MiB", lambda g: str(g["memory_mib"])),
+        "memory.used": ("memory.used [MiB]", "MiB", lambda g: "0"),
+        "memory.free": ("memory.free [MiB]", "MiB", lambda g: str(g["memory_mib"])),
+        "power.draw": ("power.draw [W]", "W", lambda g: f"{gpu_metrics(g)['power']:.2f}"),
+        "power.limit": ("power.limit [W]", "W", lambda g: f"{gpu_metrics(g)['cap']:.2f}"),
+    }
+
+
+def query(topo, fields_arg, fmt_arg, ids):
+    fields = _fields(topo)
+    names = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    if not names:
+        return EXIT_INVALID_ARG, "", MSG_INVALID
+    for name in names:
+        if name not in fields:
+            return EXIT_INVALID_ARG, "", f'Field "{name}" is not a valid field to query.\n\n'
+    opts = [o.strip() for o in fmt_arg.split(",")]
+    if "csv" not in opts:
+        return EXIT_INVALID_ARG, "", f'"{fmt_arg}" is not a valid format.\n'
+    for o in opts:
+        if o not in ("csv", "noheader", "nounits"):
+            return EXIT_INVALID_ARG, "", f'"{o}" is not a valid format option.\n'
+    gpus = select(topo, ids)
+    if isinstance(gpus, tuple):
+        return gpus
+    out = []
+    if "noheader" not in opts:
+        out.append(", ".join(fields[n][0] for n in names))
+    for g in gpus:
+        cells = []
+        for n in names:
+            _, unit, fn = fields[n]
+            value = fn(g)
+            cells.append(value if unit is None or "nounits" in opts else f"{value} {unit}")
+        out.append(", ".join(cells))
+    return 0, "".join(line + "\n" for line in out), ""
+
+
+def select(topo, ids):
+    if ids is None:
+        return topo["gpus"]
+    chosen = []
+    for token in ids.split(","):
+        token = token.strip()
+        match = [
+            g
+            for g in topo["gpus"]
+            if token == str(g["index"]) or token == g["uuid"] or token.upper() == g["bus_id"]
+        ]
+        if not match:
+            return EXIT_INVALID_ARG, "", f"No devices were found matching ID {token}\n"
+        chosen.extend(match)
+    return chosen
+
+
+def topo_matrix(topo):
+    names = [f"GPU{g['index']}" for g in topo["gpus"]] + topo["nics"]
+    lines = ["\t" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity"]
+    for a, row_name in enumerate(names):
+        cells = [" X " if label == "X" else label for label in topo["matrix"][a]]
+        row = row_name + "\t" + "\t".join(cells)
+        if a < len(topo["gpus"]):
+            g = topo["gpus"][a]
+            row += f"\t{g['cpu_affinity']}\t{g['numa_affinity']}"
+        lines.append(row)
+    return "\n".join(lines) + "\n" + LEGEND
+
+
+def nvsmi_log(topo):
+    out = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        f"Timestamp                                 : {time.strftime('%a %b %e %H:%M:%S %Y')}",
+        f"Driver Version                            : {DRIVER_VERSION}",
+        f"CUDA Version                              : {CUDA_VERSION}",
+        "",
+        f"Attached GPUs                             : {len(topo['gpus'])}",
+    ]
+    for g in topo["gpus"]:
+        out += [
+            f"GPU {g['bus_id']}",
+            f"    Product Name                          : {g['name']}",
+            "    Persistence Mode                      : "
+            + ("Enabled" if persistence_enabled() else "Disabled"),
+            f"    GPU UUID                              : {g['uuid']}",
+            "    FB Memory Usage",
+            f"        Total                             : {g['memory_mib']} MiB",
+            "        Used                              : 0 MiB",
+            f"        Free                              : {g['memory_mib']} MiB",
+            "",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def set_persistence(topo, value):
+    if value not in ("0", "1", "ENABLED", "DISABLED"):
+        return EXIT_INVALID_ARG, "", MSG_INVALID
+    if os.geteuid() != 0 and "DTLAB_STANDIN_RUN_DIR" not in os.environ:
+        lines = [
+            f"Unable to set persistence mode for GPU {g['bus_id']}: Insufficient Permissions\n"
+            for g in topo["gpus"]
+        ]
+        return EXIT_NO_PERMISSION, "", "".join(lines)
+    enable = value in ("1", "ENABLED")
+    flag = os.path.join(RUN_DIR, "persistence-mode")
+    if enable:
+        os.makedirs(RUN_DIR, exist_ok=True)
+        open(flag, "w").close()
+    elif os.path.exists(flag):
+        os.remove(flag)
+    word = "Enabled" if enable else "Disabled"
+    return 0, "".join(f"{word} persistence mode for GPU {g['bus_id']}.\n" for g in topo["gpus"]), ""
+
+
+def parse(argv):
+    """-> (command, options) or None for an invalid combination."""
+    opts = {}
+    args = list(argv)
+    positional = []
+    while args:
+        a = args.pop(0)
+        key, eq, val = a.partition("=")
+        if key in ("--query-gpu", "--format", "-i", "--id", "-pm", "--persistence-mode"):
+            if not eq:
+                if not args:
+                    return None
+                val = args.pop(0)
+            opts[{"--id": "-i", "--persistence-mode": "-pm"}.get(key, key)] = val
+        elif a in ("-L", "--list-gpus", "-q", "--query", "-h", "--help", "-m", "--matrix"):
+            opts[{"--list-gpus": "-L", "--query": "-q", "--help": "-h", "--matrix": "-m"}.get(a, a)] = True
+        elif not a.startswith("-"):
+            positional.append(a)
+        else:
+            return None
+    if positional == ["topo"]:
+        return ("topo", opts) if opts.get("-m") and set(opts) <= {"-m"} else None
+    if positional or opts.get("-m"):
+        return None
+    if opts.get("-h"):
+        return "help", opts
+    if "--query-gpu" in opts:
+        if "--format" not in opts:
+            return "noformat", opts
+        return ("query", opts) if set(opts) <= {"--query-gpu", "--format", "-i"} else None
+    if "--format" in opts:
+        return None
+    if "-pm" in opts:
+        return ("pm", opts) if set(opts) <= {"-pm", "-i"} else None
+    if opts.get("-L"):
+        return ("list", opts) if set(opts) <= {"-L", "-i"} else None
+    if opts.get("-q"):
+        return ("log", opts) if set(opts) <= {"-q", "-i"} else None
+    return ("table", opts) if set(opts) <= {"-i"} else None
+
+
+HELP = f"""NVIDIA System Management Interface -- v{DRIVER_VERSION}
+
+NVSMI provides monitoring information for Tesla and select Quadro devices.
+
+    -L,   --list-gpus       Display a list of GPUs connected to the system.
+    -q,   --query           Display GPU or Unit info.
+    -i,   --id=             Target a specific GPU.
+    -pm,  --persistence-mode=  Set persistence mode: 0/DISABLED, 1/ENABLED
+    --query-gpu=            Information about GPU. Call --help-query-gpu for more info.
+    --format=               Comma separated list of format options: csv, noheader, nounits
+    topo -m                 Display the GPUDirect communication matrix for the system.
+"""
+
+
+def main(argv):
+    parsed = parse(argv)
+    if parsed is None:
+        sys.stdout.write(MSG_INVALID)
+        return EXIT_INVALID_ARG
+    command, opts = parsed
+    if command == "help":
+        sys.stdout.write(HELP)
+        return 0
+    if command == "noformat":
+        sys.stdout.write('Option "--format" is required when "--query-gpu" is used.\n' + MSG_INVALID)
+        return EXIT_INVALID_ARG
+    state = driver_state()
+    if state is not None:
+        code, message = state
+        sys.stdout.write(message)
+        return code
+    try:
+        topo = load_topology()
+    except TopologyError as exc:
+        sys.stderr.write(f"nvidia-smi (lab stand-in): invalid GPU topology: {exc}\n")
+        return EXIT_OTHER
+    if not topo["gpus"]:
+        sys.stdout.write("No devices were found\n")
+        return EXIT_NO_DEVICES
+    if command == "topo":
+        sys.stdout.write(topo_matrix(topo))
+        return 0
+    gpus = select(topo, opts.get("-i"))
+    if isinstance(gpus, tuple):
+        sys.stdout.write(gpus[2])
+        return gpus[0]
+    chosen = {**topo, "gpus": gpus}
+    if command == "table":
+        sys.stdout.write(table(chosen))
+        return 0
+    if command == "list":
+        sys.stdout.write(list_gpus(chosen))
+        return 0
+    if command == "log":
+        sys.stdout.write(nvsmi_log(chosen))
+        return 0
+    if command == "pm":
+        code, out, err = set_persistence(chosen, opts["-pm"].upper())
+    else:
+        code, out, err = query(topo, opts["--query-gpu"], opts["--format"], opts.get("-i"))
+    sys.stdout.write(out)
+    sys.stdout.write(err)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,152 @@
+"""The pinned GPU and fabric stack on the lab: upgrade path, reboots, idempotency, bad tarball.
+
+Reboots are counted from the lab's side: each boot of a node is one "supervise: boot N" line
+in its console log (tests/lab/supervise.py), so a test sees every reboot, not just the last.
+"""
+
+import shlex
+import time
+
+import pytest
+import yaml
+
+from deploy.pins import driver_pins, ofed_release
+from roles import mofed
+from roles.apt_pins import sources_list, sources_list_path
+
+from .paths import LOGS
+
+pytestmark = pytest.mark.lab
+
+OLD_DRIVER = "515.48.07"
+
+
+def boots(hostname: str) -> int:
+    log = LOGS / f"{hostname}.console.log"
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text(errors="replace").splitlines()
+               if line.startswith("supervise: boot "))
+
+
+def all_boots(cluster) -> dict[str, int]:
+    return {n.hostname: boots(n.hostname) for n in cluster.nodes}
+
+
+def boot_id(lab_ssh, hostname: str) -> str:
+    return lab_ssh(hostname, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def reboot_and_wait(lab_ssh, hostname: str, timeout: float = 120) -> None:
+    before = boot_id(lab_ssh, hostname)
+    lab_ssh(hostname, "systemctl reboot", check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        probe = lab_ssh(hostname, "systemctl is-system-running --wait >/dev/null; "
+                                  "cat /proc/sys/kernel/random/boot_id", check=False, timeout=60)
+        if probe.returncode == 0 and probe.stdout.strip() and probe.stdout.strip() != before:
+            return
+        time.sleep(2)
+    raise AssertionError(f"{hostname} did not come back from its reboot")
+
+
+def preseed_old_driver(lab_ssh, hostname: str, cluster) -> None:
+    """What an operator's node might look like: an older driver from NVIDIA's repo, held."""
+    os_id, os_version = lab_ssh(hostname, ". /etc/os-release; echo $ID $VERSION_ID").stdout.split()
+    url = cluster.sources.cuda_repo_for(os_id, os_version)
+    listing = sources_list_path(os_id, os_version)
+    old = driver_pins(OLD_DRIVER)
+    names = " ".join(p for p, _ in old.packages)
+    fetch = ("import urllib.request, sys; "
+             "urllib.request.urlretrieve(sys.argv[1], '/tmp/cuda-keyring.deb')")
+    script = "; ".join([
+        "set -e",
+        f"python3 -c {shlex.quote(fetch)} {shlex.quote(url + 'cuda-keyring_1.1-1_all.deb')}",
+        "dpkg --force-confdef --force-confold -i /tmp/cuda-keyring.deb",
+        f"printf %s {shlex.quote(sources_list(url))} > {listing}",
+        # Only the CUDA repo: the node's own Debian sources may be unreachable from here.
+        (f"apt-get update -o Dir::Etc::sourcelist={listing} -o Dir::Etc::sourceparts=- "
+         "-o APT::Get::List-Cleanup=0"),
+        f"apt-mark unhold {names} >/dev/null",
+        ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+         "--allow-change-held-packages " + " ".join(old.install_args())),
+        f"apt-mark hold {names}",
+    ])
+    lab_ssh(hostname, f"sh -c {shlex.quote(script)}", timeout=600)
+
+
+def smi_versions(lab_ssh, hostname: str) -> set[str]:
+    out = lab_ssh(hostname, "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits",
+                  check=False)
+    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_old_driver_moves_to_the_pin_with_exactly_one_reboot(deployed, deploy, lab, lab_ssh):
+    node = lab.agents[0].hostname
+    preseed_old_driver(lab_ssh, node, lab)
+    reboot_and_wait(lab_ssh, node)  # the old kernel module is now the loaded one
+    assert smi_versions(lab_ssh, node) == {OLD_DRIVER}
+
+    before = all_boots(lab)
+    run = deploy()
+    assert run.returncode == 0, run.stderr[-4000:]
+    after = all_boots(lab)
+
+    assert after[node] - before[node] == 1, "the driver change must cost exactly one reboot"
+    assert {h: after[h] - before[h] for h in after if h != node} == {
+        h: 0 for h in after if h != node}
+    assert smi_versions(lab_ssh, node) == {lab.versions.nvidia_driver}
+    pins = driver_pins(lab.versions.nvidia_driver)
+    installed = lab_ssh(node, "dpkg-query -W -f='${Package} ${Version}\\n' "
+                        + " ".join(p for p, _ in pins.packages)).stdout.split("\n")
+    assert sorted(filter(None, installed)) == sorted(f"{p} {v}" for p, v in pins.packages)
+    held = set(lab_ssh(node, "apt-mark showhold").stdout.split())
+    assert {p for p, _ in pins.packages} <= held
+    reboots = [op for op in run.results["operations"] if "Reboot into the new NVIDIA driver" in op["name"]]
+    assert [op["success"] for op in reboots] == [[node]], reboots
+
+
+def test_second_run_changes_nothing_and_reboots_nothing(deployed, deploy, lab, lab_ssh):
+    ids = {n.hostname: boot_id(lab_ssh, n.hostname) for n in lab.nodes}
+    before = all_boots(lab)
+    run = deploy()
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.results["totals"]["success"] == 0, run.changed_operations()
+    assert all_boots(lab) == before
+    assert {n.hostname: boot_id(lab_ssh, n.hostname) for n in lab.nodes} == ids
+
+
+@pytest.fixture
+def wrong_ofed_sha_inventory(lab, tmp_path):
+    raw = yaml.safe_load(lab.path.read_text())
+    raw["sources"]["mofed_tarball"]["sha256"] = "0" * 64
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(raw, sort_keys=False))
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text("from deploy.inventory import groups\n"
+                         f"globals().update(groups({str(cluster)!r}))\n")
+    return inventory
+
+
+def test_wrong_ofed_sha_stops_that_host_only(deployed, deploy, lab, lab_ssh,
+                                             wrong_ofed_sha_inventory):
+    node = lab.nodes[-1].hostname
+    others = [n.hostname for n in lab.nodes if n.hostname != node]
+    lab_ssh(node, "/usr/sbin/ofed_uninstall.sh --force")
+    os_id, os_version = lab_ssh(node, ". /etc/os-release; echo $ID $VERSION_ID").stdout.split()
+    tarball = mofed.tarball_name(
+        lab.sources.mofed_url_for(os_id, os_version, lab.versions.mofed))
+    try:
+        run = deploy(inventory=wrong_ofed_sha_inventory)
+        assert run.returncode == 1, run.stderr[-4000:]
+        assert run.results["failed_hosts"] == [node]
+        assert f"{tarball}: sha256 mismatch" in run.stderr
+        left = lab_ssh(node, f"find / -xdev -name '{tarball}*' 2>/dev/null", check=False)
+        assert left.stdout.strip() == "", left.stdout
+        for other in others:
+            assert lab_ssh(other, "ofed_info -s").stdout.strip() == (
+                ofed_release(lab.versions.mofed) + ":")
+    finally:
+        restored = deploy()
+    assert restored.returncode == 0, restored.stderr[-4000:]
+    assert lab_ssh(node, "ofed_info -s").stdout.strip() == ofed_release(lab.versions.mofed) + ":"

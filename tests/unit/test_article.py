@@ -1,0 +1,79 @@
+"""deploy.article: the article's cluster.yaml shape, derived from ours, without secret values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from deploy.article import main, render_article_yaml
+from deploy.cluster import load_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+PROD = REPO / "inventories" / "prod" / "cluster.yaml"
+PIN = "cd" * 32
+ENV = {"DET_MINIO_ACCESS_KEY": "Art-Access-1", "DET_MINIO_SECRET_KEY": "Art-Secret-22",
+       "DET_DB_PASSWORD": "Art-Db-333", "DET_ADMIN_PASSWORD": "Art-Admin-4444"}
+
+
+def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(PROD.read_text().replace("sha256: null", f"sha256: {PIN}") + extra)
+    return path
+
+
+def test_prod_renders_the_articles_file(tmp_path, monkeypatch):
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    text = render_article_yaml(load_cluster(pinned_prod(tmp_path)))
+    assert yaml.safe_load(text) == {
+        "master_host": "192.168.1.10",
+        "master_port": 23457,
+        "agents": [{"host": "192.168.1.11", "slots": 8}, {"host": "192.168.1.12", "slots": 8},
+                   {"host": "192.168.1.13", "slots": 8}],
+        "storage": {
+            "type": "s3",
+            "bucket": "det-checkpoints",
+            "endpoint_url": "http://gpu-master:9000",
+            "access_key": {"env": "DET_MINIO_ACCESS_KEY"},
+            "secret_key": {"env": "DET_MINIO_SECRET_KEY"},
+        },
+    }
+    assert "  access_key: {env: DET_MINIO_ACCESS_KEY}\n" in text
+    for value in ENV.values():
+        assert value not in text
+
+
+def test_prefix_is_carried_over(tmp_path, monkeypatch):
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    path = pinned_prod(tmp_path)
+    path.write_text(path.read_text().replace("  bucket: det-checkpoints\n",
+                                             "  bucket: det-checkpoints\n  prefix: team-a\n"))
+    document = yaml.safe_load(render_article_yaml(load_cluster(path)))
+    assert document["storage"]["prefix"] == "team-a"
+    assert "region" not in document["storage"]
+
+
+def test_command_needs_no_secrets(tmp_path):
+    """Only references are written, so the environment need not hold the secrets."""
+    path = pinned_prod(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ENV}
+    env["PYTHONPATH"] = str(REPO)
+    run = subprocess.run([sys.executable, "-m", "deploy.article", str(path)], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    assert yaml.safe_load(run.stdout)["master_host"] == "192.168.1.10"
+    assert run.stdout.startswith("# The article's cluster.yaml, generated from")
+
+
+def test_command_on_a_broken_file(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(PROD.read_text())  # sha256 not pinned
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(": not pinned: " in line for line in err)
+    assert main([]) == 2

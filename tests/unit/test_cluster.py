@@ -1,0 +1,394 @@
+"""deploy.cluster: the lab and prod files, defaults, the broken-file corpus, secret masking."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy import cluster as cluster_module
+from deploy.cluster import ClusterError, load_cluster
+from deploy.secrets import REPO_ROOT
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "inventories" / "lab" / "cluster.yaml"
+PROD = REPO / "inventories" / "prod" / "cluster.yaml"
+BROKEN = Path(__file__).parent / "broken"
+PIN = "ab" * 32
+
+# The secrets the corpus refers to (tests/unit/broken/*.yaml). The last four are broken on
+# purpose: empty, too short for MinIO (2 and 7 characters), and below Determined's policy.
+# Each is distinctive enough that finding it in a message means it leaked.
+CORPUS_ENV = {
+    "DTTEST_ACCESS_KEY": "minio-corpus",
+    "DTTEST_SECRET_KEY": "Corpus-Secret-9",
+    "DTTEST_DB_PASSWORD": "corpus-db-pass",
+    "DTTEST_ADMIN_PASSWORD": "Corpus-Admin-1",
+    "DTTEST_EMPTY": "",
+    "DTTEST_TINY": "Zq",
+    "DTTEST_SHORT": "short7x",
+    "DTTEST_WEAK": "weakpass",
+}
+# Values written straight into corpus files where a reference belongs.
+CORPUS_PLAINTEXT = ["minioadmin", "hunter2", "12345678"]
+
+# The smallest valid file: everything else comes from defaults.
+MINIMAL = """\
+master_host: m1
+network: {management: 192.0.2.0/24, ipoib: {subnet: 198.51.100.0/24}}
+nodes:
+  - {hostname: m1, address: 192.0.2.10, ipoib_address: 198.51.100.10}
+  - {hostname: a1, address: 192.0.2.11, ipoib_address: 198.51.100.11, roles: [agent]}
+sources:
+  mofed_tarball: {url: "http://mirror.test/MLNX_OFED_LINUX-{version}-{distro}-x86_64.tgz", sha256: PIN}
+  minio: {url: http://mirror.test/minio, sha256: PIN}
+  determined_master: {url: "http://mirror.test/determined-master_{version}_linux_amd64.deb", sha256: PIN}
+  determined_agent: {url: "http://mirror.test/determined-agent_{version}_linux_amd64.deb", sha256: PIN}
+storage: {bucket: det-checkpoints, access_key: {env: DTTEST_ACCESS_KEY}, secret_key: {env: DTTEST_SECRET_KEY}}
+database: {password: {env: DTTEST_DB_PASSWORD}}
+determined: {admin_password: {env: DTTEST_ADMIN_PASSWORD}}
+""".replace("PIN", PIN)
+
+
+@pytest.fixture
+def corpus_env(monkeypatch):
+    for name, value in CORPUS_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DTTEST_UNSET", raising=False)
+
+
+def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def lab_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The lab's cluster.yaml with its secrets in tmp_path instead of the lab's state."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    values = {}
+    for name in ("minio_access_key", "minio_secret_key", "db_password", "admin_password"):
+        values[name] = f"Lab-{name}-S3cret"
+        (secrets_dir / name).write_text(values[name] + "\n")
+    text = LAB.read_text()
+    assert text.count("/var/lib/dtlab/secrets/") == 4
+    text = text.replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
+    return write(tmp_path, text), values
+
+
+# --- valid files ------------------------------------------------------------------------------
+
+def test_lab_file_loads(tmp_path):
+    path, values = lab_copy(tmp_path)
+    c = load_cluster(path)
+    assert [n.hostname for n in c.nodes] == ["lab-master", "lab-gpu1", "lab-gpu2", "lab-gpu3"]
+    assert c.master_node.roles == ("master", "storage")
+    assert c.storage_node is c.master_node
+    assert [a.hostname for a in c.agents] == ["lab-gpu1", "lab-gpu2", "lab-gpu3"]
+    assert all(a.slots == 8 and a.agent_layout == "per_node" for a in c.agents)
+    assert c.node("lab-gpu2").address == ipaddress.IPv4Address("10.77.0.12")
+    assert c.node("lab-gpu2").ipoib_address == ipaddress.IPv4Address("10.78.0.12")
+    assert c.network.management == ipaddress.IPv4Network("10.77.0.0/24")
+    assert c.ssh.strict_host_key_checking is False
+    assert c.preflight.allows("Debian 12", "6.1.0-18-amd64")
+    assert not c.preflight.allows("Ubuntu 20.04", "5.4.0-100-generic")
+    assert c.storage.endpoint_url == "http://lab-master:9000"
+    # One trailing newline is not part of the secret.
+    assert c.storage.access_key.value == values["minio_access_key"]
+    assert c.determined.admin_password.value == values["admin_password"]
+    assert c.sources.cuda_repo_for("debian", "12") == "http://10.77.0.1:8077/cuda/repos/debian12/x86_64/"
+
+
+def test_lab_file_as_committed_is_valid():
+    """Everything but the secret files, which exist only once the lab is built."""
+    c = load_cluster(LAB, resolve_secrets=False)
+    assert len(c.nodes) == 4
+
+
+def test_defaults(tmp_path, corpus_env):
+    c = load_cluster(write(tmp_path, MINIMAL))
+    assert c.master_port == 23457
+    assert (c.ssh.user, c.ssh.port, c.ssh.key_file, c.ssh.known_hosts_file) == ("root", 22, None, None)
+    assert c.ssh.strict_host_key_checking is True
+    assert (c.network.ipoib.interface, c.network.ipoib.mtu) == ("ib0", 2044)
+    assert dict(c.preflight.allowed_os) == {"Ubuntu 20.04": ("5.4.0-100-generic",),
+                                            "Ubuntu 22.04": ("5.15.0-100-generic",)}
+    assert (c.preflight.min_free_disk_gb, c.preflight.disk_path) == (50, "/")
+    assert (c.versions.nvidia_driver, c.versions.cuda, c.versions.nccl, c.versions.mofed) == (
+        "515.65.01", "11.7.1", "2.14.3", "5.8-3.0.7.0")
+    assert (c.versions.driver_branch, c.versions.cuda_major_minor) == ("515", "11.7")
+    assert c.sources.apt_proxy is None
+    assert c.sources.cuda_repo == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/")
+    s = c.storage
+    assert (s.host, s.region, s.port, s.console_port, s.data_dir, s.prefix) == (
+        "m1", "us-east-1", 9000, 9001, "/mnt/data", None)
+    assert s.endpoint_url == "http://m1:9000"
+    assert (c.database.name, c.database.user, c.database.port) == ("determined", "determined", 5432)
+    d = c.determined
+    assert (d.version, d.agent_layout, d.resource_pool, d.slot_type) == (
+        "0.38.0", "per_node", "default", "cuda")
+    assert c.reboot == "auto"
+    m1, a1 = c.nodes
+    assert (m1.roles, m1.slots, m1.agent_layout) == (("master", "storage"), None, None)
+    assert (a1.roles, a1.slots, a1.agent_layout) == (("agent",), 8, "per_node")
+    assert c.nodes_with("storage") == (m1,)
+    assert c.sources.minio.sha256 == PIN
+
+
+def test_explicit_values_override_defaults(tmp_path, corpus_env):
+    text = MINIMAL.replace("roles: [agent]}", "roles: [agent], slots: 4, agent_layout: per_domain}")
+    text = text.replace("storage: {bucket", "storage: {host: a1, port: 9100, prefix: runs, bucket")
+    text += "determined: {agent_layout: per_domain, slot_type: cpu, admin_password: {env: DTTEST_ADMIN_PASSWORD}}\n"
+    text = text.replace("determined: {admin_password: {env: DTTEST_ADMIN_PASSWORD}}\n", "", 1)
+    c = load_cluster(write(tmp_path, text))
+    assert c.node("a1").roles == ("storage", "agent")
+    assert c.node("m1").roles == ("master",)
+    assert (c.node("a1").slots, c.node("a1").agent_layout) == (4, "per_domain")
+    assert c.storage.endpoint_url == "http://a1:9100"
+    assert (c.storage.prefix, c.determined.slot_type) == ("runs", "cpu")
+
+
+def test_node_layout_overrides_cluster_layout(tmp_path, corpus_env):
+    text = MINIMAL.replace(
+        "  - {hostname: a1, address: 192.0.2.11, ipoib_address: 198.51.100.11, roles: [agent]}\n",
+        "  - {hostname: a1, address: 192.0.2.11, ipoib_address: 198.51.100.11, roles: [agent]}\n"
+        "  - {hostname: a2, address: 192.0.2.12, ipoib_address: 198.51.100.12, roles: [agent],"
+        " agent_layout: per_domain}\n")
+    c = load_cluster(write(tmp_path, text))
+    assert [a.agent_layout for a in c.agents] == ["per_node", "per_domain"]
+
+
+def test_source_helpers(tmp_path, corpus_env):
+    src = load_cluster(write(tmp_path, MINIMAL)).sources
+    assert src.cuda_repo_for("ubuntu", "20.04") == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/")
+    assert src.cuda_repo_for("ubuntu", "22.04").endswith("/repos/ubuntu2204/x86_64/")
+    assert src.cuda_repo_for("debian", "12").endswith("/repos/debian12/x86_64/")
+    assert src.mofed_url_for("ubuntu", "20.04", "5.8-3.0.7.0") == (
+        "http://mirror.test/MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz")
+    assert src.mofed_url_for("debian", "12", "5.8-3.0.7.0").endswith("-debian12-x86_64.tgz")
+    assert src.determined_url("master", "0.38.0") == (
+        "http://mirror.test/determined-master_0.38.0_linux_amd64.deb")
+    assert src.determined_url("agent", "0.38.0").endswith("determined-agent_0.38.0_linux_amd64.deb")
+    with pytest.raises(ValueError):
+        src.determined_url("minio", "0.38.0")
+
+
+def test_model_lookups(tmp_path, corpus_env):
+    c = load_cluster(write(tmp_path, MINIMAL))
+    assert c.node("a1").has("agent") and not c.node("a1").has("master")
+    with pytest.raises(KeyError):
+        c.node("nope")
+    with pytest.raises(ValueError):
+        c.nodes_with("agents")
+    with pytest.raises(AttributeError):
+        c.master_port = 1  # frozen
+
+
+def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeypatch):
+    for name in ("DET_MINIO_ACCESS_KEY", "DET_MINIO_SECRET_KEY", "DET_DB_PASSWORD",
+                 "DET_ADMIN_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ClusterError) as e:
+        load_cluster("inventories/prod/cluster.yaml")
+    f = "inventories/prod/cluster.yaml"
+    pin = "not pinned: write the sha256 of the {} here (`sha256sum FILE`)"
+    assert e.value.problems == [
+        f"{f}: sources.mofed_tarball.sha256: None: " + pin.format("MLNX_OFED tarball"),
+        f"{f}: sources.minio.sha256: None: " + pin.format("MinIO server binary"),
+        f"{f}: sources.determined_master.sha256: None: " + pin.format("determined-master package"),
+        f"{f}: sources.determined_agent.sha256: None: " + pin.format("determined-agent package"),
+        (f"{f}: storage.access_key: {{env: DET_MINIO_ACCESS_KEY}}: "
+        "environment variable DET_MINIO_ACCESS_KEY is not set"),
+        (f"{f}: storage.secret_key: {{env: DET_MINIO_SECRET_KEY}}: "
+        "environment variable DET_MINIO_SECRET_KEY is not set"),
+        (f"{f}: database.password: {{env: DET_DB_PASSWORD}}: "
+        "environment variable DET_DB_PASSWORD is not set"),
+        (f"{f}: determined.admin_password: {{env: DET_ADMIN_PASSWORD}}: "
+        "environment variable DET_ADMIN_PASSWORD is not set"),
+    ]
+
+
+def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
+    monkeypatch.setenv("DET_MINIO_ACCESS_KEY", "det-minio")
+    monkeypatch.setenv("DET_MINIO_SECRET_KEY", "det-minio-secret")
+    monkeypatch.setenv("DET_DB_PASSWORD", "db-password")
+    monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
+    c = load_cluster(write(tmp_path, PROD.read_text().replace("sha256: null", f"sha256: {PIN}")))
+    assert (c.master_host, str(c.master_node.address), c.master_port) == (
+        "gpu-master", "192.168.1.10", 23457)
+    assert [(a.hostname, str(a.address), a.slots) for a in c.agents] == [
+        ("gpu-node1", "192.168.1.11", 8), ("gpu-node2", "192.168.1.12", 8),
+        ("gpu-node3", "192.168.1.13", 8)]
+    assert str(c.network.management) == "192.168.1.0/24"
+    assert str(c.network.ipoib.subnet) == "10.10.1.0/24"
+    assert c.sources.cuda_repo_for("ubuntu", "20.04") == (
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/")
+    assert c.sources.mofed_url_for("ubuntu", "20.04", c.versions.mofed) == (
+        "https://content.mellanox.com/ofed/MLNX_OFED-5.8-3.0.7.0/"
+        "MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz")
+
+
+# --- the broken-file corpus ------------------------------------------------------------------
+
+CORPUS = sorted(BROKEN.glob("*.yaml"))
+
+
+def expectations(path: Path) -> list[str]:
+    expected = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("# expect: "):
+            break
+        expected.append(line.removeprefix("# expect: "))
+    return expected
+
+
+def test_corpus_is_large_enough():
+    assert len(CORPUS) >= 20
+    assert all(expectations(p) for p in CORPUS), "every corpus file states what it expects"
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_broken_file(path, corpus_env, monkeypatch):
+    monkeypatch.chdir(BROKEN)  # messages carry the path as given: the bare file name
+    with pytest.raises(ClusterError) as e:
+        load_cluster(path.name)
+    problems = e.value.problems
+    assert sorted(problems) == sorted(expectations(path))
+    assert str(e.value) == "\n".join(problems)
+
+
+def test_corpus_never_shows_a_secret(corpus_env, monkeypatch):
+    monkeypatch.chdir(BROKEN)
+    secrets = [v for v in CORPUS_ENV.values() if v] + CORPUS_PLAINTEXT
+    for path in CORPUS:
+        with pytest.raises(ClusterError) as e:
+            load_cluster(path.name)
+        for secret in secrets:
+            assert secret not in str(e.value), (path.name, secret)
+
+
+def test_missing_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClusterError) as e:
+        load_cluster("nope.yaml")
+    assert e.value.problems == ["nope.yaml: cannot read the file: No such file or directory"]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("ab", "must be 3 to 63 characters long"),
+    ("a" * 64, "must be 3 to 63 characters long"),
+    ("-bucket", "must start and end with a letter or a digit"),
+    ("my..bucket", "must not have '..', '.-' or '-.'"),
+    ("xn--bucket", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
+    ("bucket-s3alias", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
+    ("det-checkpoints", None),
+    ("det.checkpoints.1", None),
+])
+def test_bucket_names(name, why):
+    assert cluster_module._bucket_problem(name) == why
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+def test_secrets_are_masked_everywhere(tmp_path):
+    path, values = lab_copy(tmp_path)
+    c = load_cluster(path)
+    secret = c.storage.secret_key
+    assert repr(secret) == str(secret) == f"Secret(file:{tmp_path}/secrets/minio_secret_key)"
+    assert f"{secret}" == f"{secret!r}" == repr(secret)
+    text = repr(c) + str(c) + str(c.to_json()) + repr(c.storage) + repr(c.database)
+    for value in values.values():
+        assert value not in text
+    assert c.database.password.value == values["db_password"]
+
+
+def test_weak_admin_password_is_reported_without_the_value(tmp_path, corpus_env, monkeypatch):
+    monkeypatch.setenv("DTTEST_ADMIN_PASSWORD", "alllowercase")
+    with pytest.raises(ClusterError) as e:
+        load_cluster(write(tmp_path, MINIMAL))
+    assert "alllowercase" not in str(e.value)
+    assert e.value.problems == [
+        (f"{tmp_path}/cluster.yaml: determined.admin_password: {{env: DTTEST_ADMIN_PASSWORD}}: "
+        "the password does not meet Determined's policy: it needs an upper-case letter and a digit")
+    ]
+
+
+def test_plain_secret_in_a_mistyped_key_is_not_echoed(tmp_path, corpus_env):
+    text = MINIMAL.replace("database: {password: {env: DTTEST_DB_PASSWORD}}",
+                           "database: {pasword: Sup3r-Secret, password: {env: DTTEST_DB_PASSWORD}}")
+    with pytest.raises(ClusterError) as e:
+        load_cluster(write(tmp_path, text))
+    assert "Sup3r-Secret" not in str(e.value)
+
+
+def secret_file_problem(tmp_path: Path, target: str) -> list[str]:
+    text = MINIMAL.replace("{env: DTTEST_DB_PASSWORD}", f"{{file: {target}}}")
+    with pytest.raises(ClusterError) as e:
+        load_cluster(write(tmp_path, text))
+    return e.value.problems
+
+
+def test_secret_file_inside_the_repository_is_refused(tmp_path, corpus_env):
+    inside = REPO_ROOT / "deploy" / "cluster.py"
+    assert secret_file_problem(tmp_path, str(inside)) == [
+        (f"{tmp_path}/cluster.yaml: database.password: {{file: {inside}}}: "
+        f"the file is inside the repository ({REPO_ROOT}): keep secrets outside git")]
+    # A link from outside into the checkout is the same file.
+    link = tmp_path / "link"
+    link.symlink_to(inside)
+    assert "inside the repository" in secret_file_problem(tmp_path, str(link))[0]
+
+
+def test_empty_secret_file_is_refused(tmp_path, corpus_env):
+    (tmp_path / "empty").write_text("\n")
+    assert secret_file_problem(tmp_path, str(tmp_path / "empty")) == [
+        (f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/empty}}: "
+        "the file is empty")]
+
+
+def test_only_one_trailing_newline_is_stripped(tmp_path, corpus_env):
+    (tmp_path / "pw").write_text("two-newlines\n\n")
+    text = MINIMAL.replace("{env: DTTEST_DB_PASSWORD}", f"{{file: {tmp_path}/pw}}")
+    assert load_cluster(write(tmp_path, text)).database.password.value == "two-newlines\n"
+
+
+def test_unresolved_secrets_for_reference_only_tools(tmp_path, monkeypatch):
+    for name in CORPUS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    c = load_cluster(write(tmp_path, MINIMAL), resolve_secrets=False)
+    assert str(c.storage.access_key.reference) == "{env: DTTEST_ACCESS_KEY}"
+    with pytest.raises(RuntimeError):
+        c.storage.access_key.value  # noqa: B018
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def test_check_command_ok(tmp_path, corpus_env, capsys):
+    path = write(tmp_path, MINIMAL)
+    assert cluster_module.main(["check", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: ok (2 nodes)\n"
+
+
+def test_check_command_usage(capsys):
+    assert cluster_module.main([]) == 2
+    assert "usage: python -m deploy.cluster check FILE" in capsys.readouterr().err
+
+
+def test_check_command_prints_problems_without_traceback(corpus_env):
+    # A real subprocess: exit status and the absence of a traceback are what an operator sees.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-m", "deploy.cluster", "check", "syntax-error.yaml", "slots.yaml"],
+        check=False, cwd=BROKEN, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    expected = expectations(BROKEN / "syntax-error.yaml") + expectations(BROKEN / "slots.yaml")
+    assert run.stderr.splitlines() == expected
+    assert run.stdout == ""

@@ -1,0 +1,783 @@
+"""The Determined master and agent stand-ins (tests/lab/standins/determined/).
+
+Without PostgreSQL: the master's strict configuration decoder and the agent against a small
+stub master. With a local PostgreSQL (`pg` marker, root, pg_lsclusters): the real master
+stand-in, a registered agent with a fake nvidia-smi and a fake Docker socket, and its removal.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.machinery
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "lab" / "standins" / "determined"
+MASTER = STANDINS / "determined-master"
+AGENT = STANDINS / "determined-agent"
+SYSTEM_PYTHON = "/usr/bin/python3"  # what the nodes run; it has Debian's psycopg2 and yaml
+
+GPUS = [(i, "NVIDIA A100-SXM4-80GB", f"GPU-{i:08x}-1111-2222-3333-{i:012x}") for i in range(8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load(path: Path) -> types.ModuleType:
+    loader = importlib.machinery.SourceFileLoader(path.name.replace("-", "_"), str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "DTLAB_", "AWS_", "DOCKER_"))}
+    env.update(extra)
+    return env
+
+
+def run_master(tmp_path: Path, config: dict | str, **env: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "master.yaml"
+    path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+    return subprocess.run(
+        [sys.executable, str(MASTER), "--config-file", str(path)],
+        env=clean_env(DTLAB_DB_CONNECT_TRIES="1", DTLAB_DB_RETRY_SECONDS="0", **env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def base_config(tmp_path: Path, db_port: int) -> dict:
+    return {
+        "port": free_port(),
+        "log": {"color": False},
+        "cache": {"cache_dir": str(tmp_path / "cache")},
+        "db": {
+            "user": "determined",
+            "password": "db-Secret-1",
+            "host": "127.0.0.1",
+            "port": db_port,
+            "name": "determined",
+        },
+        "checkpoint_storage": {
+            "type": "s3",
+            "bucket": "det-checkpoints",
+            "access_key": "minio-access",
+            "secret_key": "minio-Secret-Key-1",
+            "endpoint_url": "http://127.0.0.1:9000",
+            "prefix": "lab",
+            "save_experiment_best": 0,
+            "save_trial_best": 1,
+            "save_trial_latest": 1,
+        },
+        "security": {"initial_user_password": "Admin-Passw0rd"},
+        "task_container_defaults": {"environment_variables": ["AWS_DEFAULT_REGION=eu-west-3"]},
+    }
+
+
+# --------------------------------------------------------------------------- master config
+
+
+def test_first_lines_say_what_they_stand_in_for():
+    for path in (MASTER, AGENT):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#!/usr/bin/env -S python3") and "Lab stand-in for /usr/bin/" in first
+        assert os.access(path, os.X_OK)
+    for name in (
+        "build.py",
+        "master.yaml",
+        "agent.yaml",
+        "determined-master.service",
+        "determined-agent.service",
+        "determined-master.socket",
+    ):
+        assert (STANDINS / name).read_text().startswith("# Lab stand-in")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["checkpoint_storage"].update(region="us-east-1"), 'json: unknown field "region"'),
+        (lambda c: c.update(regionn="x"), 'json: unknown field "regionn"'),
+        (lambda c: c["db"].update(sslmode="disable"), 'json: unknown field "sslmode"'),
+        (lambda c: c.update(log={"level": "info", "colour": True}), 'json: unknown field "colour"'),
+        (
+            lambda c: c.update(resource_manager={"type": "agent", "schedulr": {}}),
+            'json: unknown field "schedulr"',
+        ),
+        (
+            lambda c: c.update(cluster_name=["a"]),
+            "json: cannot unmarshal array into Go struct field Config.cluster_name of type string",
+        ),
+        (lambda c: c["checkpoint_storage"].update(type="s4"), "unexpected type: s4"),
+    ],
+)
+def test_master_rejects_what_the_real_decoder_rejects(tmp_path, mutate, expected):
+    config = base_config(tmp_path, free_port())
+    mutate(config)
+    result = run_master(tmp_path, config)
+    assert result.returncode == 1
+    assert expected in result.stdout.replace('\\"', '"')
+    assert "cannot unmarshal configuration" in result.stdout
+    assert "connecting to database" not in result.stdout
+
+
+def test_master_unknown_key_message_is_logrus_colored_by_default(tmp_path):
+    config = base_config(tmp_path, free_port())
+    del config["log"]
+    config["checkpoint_storage"]["region"] = "us-east-1"
+    result = run_master(tmp_path, config)
+    assert result.returncode == 1
+    first, second = result.stdout.splitlines()[:2]
+    assert first.startswith("\x1b[31mERRO\x1b[0m[")
+    assert first.rstrip().endswith(
+        'error unmarshaling JSON: while decoding JSON: json: unknown field "region"'
+    )
+    assert second.strip() == "cannot unmarshal configuration"
+
+
+def test_master_is_lenient_where_the_real_one_is(tmp_path):
+    """task_container_defaults and resource pools are decoded with plain json.Unmarshal."""
+    config = base_config(tmp_path, free_port())
+    config["task_container_defaults"]["not_a_real_key"] = 1
+    config["resource_pools"] = [{"pool_name": "default", "whatever": True}]
+    config["port"] = "8081"  # viper casts registered keys
+    result = run_master(tmp_path, config)
+    assert result.returncode == 1  # no database here
+    assert f"connecting to database 127.0.0.1:{config['db']['port']}" in result.stdout
+    logged = json.loads(result.stdout.splitlines()[0].split("msg=", 1)[1])
+    logged = json.loads(logged.split("master configuration: ", 1)[1])
+    assert logged["port"] == 8081
+    # Secrets never reach the log.
+    for secret in ("db-Secret-1", "minio-Secret-Key-1", "Admin-Passw0rd", "minio-access"):
+        assert secret not in result.stdout + result.stderr
+    assert logged["db"]["password"] == "********"
+
+
+def test_master_lab_rule_s3_needs_endpoint(tmp_path):
+    config = base_config(tmp_path, free_port())
+    del config["checkpoint_storage"]["endpoint_url"]
+    result = run_master(tmp_path, config)
+    assert result.returncode == 1
+    assert "'endpoint_url' must be set" in result.stdout
+
+
+def test_master_environment_overrides_registered_keys(tmp_path):
+    config = base_config(tmp_path, free_port())
+    result = run_master(tmp_path, config, DET_DB_HOST="127.0.0.2", DET_PORT="9999")
+    assert "connecting to database 127.0.0.2:" in result.stdout
+    assert '\\"port\\":9999' in result.stdout
+
+
+def test_master_shipped_default_config_parses(tmp_path):
+    result = run_master(tmp_path, (STANDINS / "master.yaml").read_text())
+    assert result.returncode == 1
+    assert "connecting to database :5432" in result.stdout
+
+
+# --------------------------------------------------------------------------- agent fixtures
+
+
+def write_fake_nvidia_smi(bin_dir: Path) -> None:
+    """nvidia-smi as the agent calls it, including --id=<visible_gpus> filtering."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""
+            import sys
+            GPUS = {GPUS!r}
+            args = sys.argv[1:]
+            query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), "")
+            ids = next((a.split("=", 1)[1] for a in args if a.startswith("--id=")), "")
+            wanted = [g for g in GPUS if not ids or str(g[0]) in ids.split(",") or g[2] in ids.split(",")]
+            for index, name, uuid in wanted:
+                if query == "driver_version":
+                    print("515.65.01")
+                elif query == "mig.mode.current":
+                    print("[N/A]")
+                elif query == "index,name,uuid":
+                    print(f"{{index}}, {{name}}, {{uuid}}")
+                else:
+                    sys.exit(2)
+            """
+        )
+    )
+    script.chmod(0o755)
+
+
+class FakeDocker:
+    """A Docker engine socket that answers what the agent asks: /_ping and containers/json."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def address_string(self):
+                return "docker-client"
+
+            def do_GET(self):
+                if self.path == "/_ping":
+                    body, headers = b"OK", {"API-Version": "1.41", "Content-Type": "text/plain"}
+                elif self.path.startswith("/v1.41/containers/json"):
+                    body, headers = b"[]", {"Content-Type": "application/json"}
+                else:
+                    body, headers = b'{"message":"page not found"}', {}
+                    self.send_response(404)
+                if body != b'{"message":"page not found"}':
+                    self.send_response(200)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        self.server = Server(str(path), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class AgentProcess:
+    def __init__(self, tmp: Path, options: dict, docker: Path | None, name: str = "agent"):
+        bin_dir = tmp / "bin"
+        write_fake_nvidia_smi(bin_dir)
+        self.config = tmp / f"{name}.yaml"
+        self.config.write_text(yaml.safe_dump(options))
+        self.log = tmp / f"{name}.log"
+        env = clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+        env["DOCKER_HOST"] = f"unix://{docker or tmp / 'no-docker.sock'}"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(AGENT), "run", "--config-file", str(self.config)],
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float = 20) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def docker(tmp_path):
+    fake = FakeDocker(tmp_path / "docker.sock")
+    yield fake.path
+    fake.close()
+
+
+class StubMaster:
+    """Records the agent protocol calls; no database needed."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, dict]] = []
+        self.forget_agent = threading.Event()  # answer the next heartbeat as a restarted master
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def handle_call(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else {}
+                stub.calls.append((self.command, self.path, body))
+                reply = {"heartbeat_seconds": 0.2} if self.path.startswith("/agents/setup") else {}
+                status = 200
+                if self.path.startswith("/agents/heartbeat") and stub.forget_agent.is_set():
+                    stub.forget_agent.clear()
+                    status, reply = 404, {"message": "agent is not connected; reconnect"}
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = handle_call
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def paths(self) -> list[str]:
+        return [f"{m} {p.split('?')[0]}" for m, p, _ in self.calls]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub_master():
+    stub = StubMaster()
+    yield stub
+    stub.close()
+
+
+def wait_for(predicate, timeout: float = 15, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# --------------------------------------------------------------------------- agent
+
+
+def test_agent_registers_visible_gpus_heartbeats_and_says_goodbye(tmp_path, stub_master, docker):
+    agent = AgentProcess(
+        tmp_path,
+        {
+            "master_host": "localhost",
+            "master_port": stub_master.port,
+            "agent_id": "lab-gpu9",
+            "slot_type": "cuda",
+            "visible_gpus": "0,1,2,3",
+            "log": {"color": False},
+        },
+        docker,
+    )
+    try:
+        wait_for(lambda: "POST /agents/heartbeat" in stub_master.paths(), what="a heartbeat")
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait() == 0
+    finally:
+        agent.kill()
+    paths = stub_master.paths()
+    assert paths[:2] == ["GET /agents/setup", "POST /agents/started"]
+    assert paths[-1] == "DELETE /agents"
+    started = next(body for m, p, body in stub_master.calls if p.startswith("/agents/started"))
+    assert [d["id"] for d in started["devices"]] == [0, 1, 2, 3]
+    assert started["devices"][0] == {"id": 0, "brand": GPUS[0][1], "uuid": GPUS[0][2], "type": "cuda"}
+    assert "id=lab-gpu9" in stub_master.calls[0][1] and "resource_pool=default" in stub_master.calls[0][1]
+    out = agent.output()
+    assert "Nvidia driver version: 515.65.01" in out
+    assert f"connecting to master at: ws://localhost:{stub_master.port}/agents?id=lab-gpu9" in out
+
+
+def test_agent_reconnects_when_the_master_forgot_it(tmp_path, stub_master, docker):
+    agent = AgentProcess(
+        tmp_path,
+        {
+            "master_host": "127.0.0.1",
+            "master_port": stub_master.port,
+            "agent_id": "lab-gpu9",
+            "slot_type": "none",
+            "agent_reconnect_backoff": 0,
+        },
+        docker,
+    )
+    try:
+        wait_for(lambda: "POST /agents/heartbeat" in stub_master.paths(), what="a heartbeat")
+        stub_master.forget_agent.set()
+        wait_for(lambda: stub_master.paths().count("POST /agents/started") == 2, what="re-registration")
+        assert any("reconnect=true" in p for m, p, _ in stub_master.calls if p.startswith("/agents/setup"))
+        started = [body for m, p, body in stub_master.calls if p.startswith("/agents/started")]
+        assert started[-1]["devices"] == []  # slot_type none
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait() == 0
+    finally:
+        agent.kill()
+
+
+def test_agent_without_docker_fails_with_the_docker_clients_message(tmp_path, stub_master):
+    agent = AgentProcess(tmp_path, {"master_host": "127.0.0.1", "master_port": stub_master.port}, None)
+    try:
+        assert agent.wait() == 1
+    finally:
+        agent.kill()
+    assert "Cannot connect to the Docker daemon at unix://" in agent.output()
+    assert "POST /agents/started" not in stub_master.paths()
+
+
+def test_agent_default_port_is_80_and_refused_connection_is_fatal(tmp_path, docker):
+    agent = AgentProcess(tmp_path, {"master_host": "127.0.0.1", "log": {"color": False}}, docker)
+    try:
+        assert agent.wait() == 1
+    finally:
+        agent.kill()
+    out = agent.output()
+    assert "connecting to master at: ws://127.0.0.1:80/agents?" in out
+    assert "initial connection to master failed: error dialing master: dial tcp 127.0.0.1:80" in out
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"master_host": "m", "master_prot": 8080}, 'json: unknown field "master_prot"'),
+        ({"master_port": 8080}, "master host must be provided"),
+        ({"master_host": "m", "slot_type": "tpu"}, "tpu must be in [gpu cuda rocm cpu auto none]"),
+        ({"master_host": "m", "security": {"tls": {"enable": True}}}, 'json: unknown field "enable"'),
+    ],
+)
+def test_agent_config_errors_are_fatal(tmp_path, options, expected):
+    agent = AgentProcess(tmp_path, options, None)
+    try:
+        assert agent.wait() == 1
+    finally:
+        agent.kill()
+    assert expected in agent.output()
+
+
+def test_agent_unresolvable_master_reports_like_go(monkeypatch):
+    """A lookup failure, without sending a DNS query anywhere (the lookup is replaced)."""
+    module = load(AGENT)
+
+    def no_such_host(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(module.socket, "getaddrinfo", no_such_host)
+    monkeypatch.setattr(module, "nameserver", lambda: "10.77.0.1:53")
+    link = module.MasterLink(
+        {
+            "master_host": "lab-master",
+            "master_port": 8080,
+            "agent_id": "a",
+            "resource_pool": "default",
+            "security": {"tls": {"enabled": False}},
+        }
+    )
+    with pytest.raises(module.MasterError) as err:
+        link.connect(reconnect=False)
+    assert str(err.value) == "error dialing master: dial tcp: lookup lab-master on 10.77.0.1:53: no such host"
+
+
+def test_agent_version_commands():
+    out = subprocess.run(
+        [sys.executable, str(AGENT), "version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("Determined agent 0.38.0 (built with go1.22")
+    out = subprocess.run(
+        [sys.executable, str(MASTER), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == "determined-master version 0.38.0\n"
+
+
+# --------------------------------------------------------------------------- packages
+
+
+def test_mirror_build_makes_both_packages_deterministically(tmp_path):
+    from tests.lab import debs
+    from tests.lab.standins.determined import build
+
+    ctx = types.SimpleNamespace(
+        mirror_dir=tmp_path / "mirror",
+        base_url="http://10.77.0.1:8077",
+        work_dir=tmp_path / "work",
+        build_deb=debs.build_deb,
+    )
+    first = [p.read_bytes() for p in build.build(ctx)]
+    paths = build.build(ctx)
+    assert [p.name for p in paths] == [
+        "determined-master_0.38.0_linux_amd64.deb",
+        "determined-agent_0.38.0_linux_amd64.deb",
+    ]
+    assert [p.read_bytes() for p in paths] == first
+    if shutil.which("dpkg-deb"):
+        info = subprocess.run(
+            ["dpkg-deb", "-I", str(paths[0])], capture_output=True, text=True, check=True
+        ).stdout
+        assert "Package: determined-master" in info and "Version: 0.38.0" in info
+        assert "python3-psycopg2" in info
+        listing = subprocess.run(
+            ["dpkg-deb", "-c", str(paths[0])], capture_output=True, text=True, check=True
+        ).stdout
+        assert "-rw------- root/root" in next(line for line in listing.splitlines() if "master.yaml" in line)
+        assert "./lib/systemd/system/determined-master.service" in listing
+        conffiles = subprocess.run(
+            ["dpkg-deb", "-f", str(paths[1]), "Package"], capture_output=True, text=True, check=True
+        ).stdout
+        assert conffiles.strip() == "determined-agent"
+
+
+# --------------------------------------------------------------------------- with PostgreSQL
+
+
+def _system_python_has_psycopg2() -> bool:
+    return (
+        os.path.exists(SYSTEM_PYTHON)
+        and subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import psycopg2, yaml"], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+
+
+def _psql(port: int, sql: str) -> None:
+    # SQL on stdin, so that the throwaway password is on no command line.
+    subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-q",
+            "-p",
+            str(port),
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            "postgres",
+            "-f",
+            "-",
+        ],
+        input=sql,
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    if os.geteuid() != 0 or not shutil.which("pg_lsclusters") or not shutil.which("runuser"):
+        pytest.skip("needs root and a local PostgreSQL (apt-get install postgresql)")
+    if not _system_python_has_psycopg2():
+        pytest.skip("needs python3-psycopg2 and python3-yaml for /usr/bin/python3")
+    clusters = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    clusters = [c.split() for c in clusters if c.strip()]
+    if not clusters:
+        pytest.skip("no PostgreSQL cluster (pg_createcluster)")
+    version, name, port, status = clusters[0][:4]
+    started = status != "online"
+    if started:
+        subprocess.run(["pg_ctlcluster", version, name, "start"], check=True)
+    role = "dtlab_" + secrets.token_hex(4)
+    password = secrets.token_urlsafe(18)
+    _psql(
+        int(port), f"CREATE ROLE {role} LOGIN PASSWORD '{password}';\nCREATE DATABASE {role} OWNER {role};\n"
+    )
+    yield {"user": role, "password": password, "host": "127.0.0.1", "port": int(port), "name": role}
+    _psql(int(port), f"DROP DATABASE IF EXISTS {role} WITH (FORCE);\nDROP ROLE IF EXISTS {role};\n")
+    if started:
+        subprocess.run(["pg_ctlcluster", version, name, "stop"], check=False)
+
+
+class MasterProcess:
+    def __init__(self, tmp: Path, config: dict, name: str = "master"):
+        self.port = config["port"]
+        path = tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.log = tmp / f"{name}.log"
+        env = clean_env(
+            DTLAB_AGENT_HEARTBEAT_TIMEOUT="2",
+            AWS_ACCESS_KEY_ID="minio-access",
+            AWS_SECRET_ACCESS_KEY="minio-Secret-Key-1",
+        )
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(MASTER), "--config-file", str(path)],
+            env=env,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def request(self, method: str, path: str, body: dict | None = None, token: str | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, json.loads(data) if data else None
+
+    def wait_healthy(self):
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"master exited:\n{self.log.read_text()}")
+            try:
+                return self.request("GET", "/health")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(up, 30, "the master's /health")
+
+    def login(self, password: str) -> tuple[int, dict]:
+        return self.request("POST", "/api/v1/auth/login", {"username": "admin", "password": password})
+
+    def agents(self, token: str) -> list[dict]:
+        status, body = self.request("GET", "/api/v1/agents", token=token)
+        assert status == 200
+        return body["agents"]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=10)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.mark.pg
+def test_master_with_postgres_and_an_agent(tmp_path, postgres, docker):
+    config = base_config(tmp_path, postgres["port"])
+    config["db"] = dict(postgres)
+    config["cluster_name"] = "lab"
+    config["resource_pools"] = [{"pool_name": "default", "agent_reconnect_wait": "1s"}]
+    master = MasterProcess(tmp_path, config)
+    agents: list[AgentProcess] = []
+    try:
+        master.wait_healthy()
+        status, info = master.request("GET", "/info")
+        assert status == 200 and info["version"] == "0.38.0" and info["cluster_name"] == "lab"
+        status, health = master.request("GET", "/health")
+        assert health["database"] == "up" and health["status"] == "up"
+        status, about = master.request("GET", "/api/v1/master")
+        assert about["clusterId"] == info["cluster_id"] and about["masterId"] == info["master_id"]
+        assert about["labStandin"]["awsEnvironment"] == {
+            "AWS_ACCESS_KEY_ID": True,
+            "AWS_SECRET_ACCESS_KEY": True,
+            "AWS_DEFAULT_REGION": False,
+        }
+        assert "minio-Secret-Key-1" not in json.dumps(about)
+
+        status, denied = master.login("wrong-password")
+        assert status == 401 and denied == {
+            "error": {"code": 16, "reason": "Unauthenticated", "error": "invalid credentials"}
+        }
+        status, login = master.login("Admin-Passw0rd")
+        assert status == 200 and login["user"]["username"] == "admin" and login["user"]["admin"]
+        token = login["token"]
+        assert master.request("GET", "/api/v1/agents")[0] == 401
+        assert master.request("GET", "/api/v1/agents", token="v2.public.forged")[0] == 401
+        status, conf = master.request("GET", "/api/v1/master/config", token=token)
+        assert conf["config"]["checkpoint_storage"]["secret_key"] == "********"
+        assert master.agents(token) == []
+
+        options = {
+            "master_host": "localhost",
+            "master_port": master.port,
+            "slot_type": "cuda",
+            "visible_gpus": "0,1,2,3",
+            "log": {"color": False},
+        }
+        agents.append(AgentProcess(tmp_path, {**options, "agent_id": "lab-gpu1"}, docker, "gpu1"))
+        agents.append(
+            AgentProcess(tmp_path, {**options, "agent_id": "lab-gpu2", "visible_gpus": ""}, docker, "gpu2")
+        )
+        listed = wait_for(lambda: len(master.agents(token)) == 2 and master.agents(token), what="2 agents")
+        gpu1, gpu2 = listed
+        assert gpu1["id"] == "lab-gpu1" and gpu1["enabled"] and gpu1["resourcePools"] == ["default"]
+        assert gpu1["addresses"] == ["127.0.0.1"] and gpu1["version"] == "0.38.0"
+        assert sorted(gpu1["slots"]) == [f"/agents/lab-gpu1/slots/{i}" for i in range(4)]
+        slot = gpu1["slots"]["/agents/lab-gpu1/slots/0"]
+        assert slot == {
+            "id": "0",
+            "device": {"id": 0, "brand": GPUS[0][1], "uuid": GPUS[0][2], "type": "TYPE_CUDA"},
+            "enabled": True,
+            "container": None,
+            "draining": False,
+        }
+        assert gpu1["slotStats"]["typeStats"]["TYPE_CUDA"]["total"] == 4
+        assert len(gpu2["slots"]) == 8
+        status, one = master.request("GET", "/api/v1/agents/lab-gpu2", token=token)
+        assert status == 200 and one["agent"]["id"] == "lab-gpu2"
+
+        # SIGTERM: a graceful close; the agent is disabled at once and removed after
+        # the pool's agent_reconnect_wait (1 s here, 25 s by default).
+        agents[0].proc.send_signal(signal.SIGTERM)
+        assert agents[0].wait() == 0
+        gpu1 = next(a for a in master.agents(token) if a["id"] == "lab-gpu1")
+        assert not gpu1["enabled"] and gpu1["draining"]
+        wait_for(lambda: [a["id"] for a in master.agents(token)] == ["lab-gpu2"], 10, "lab-gpu1's removal")
+
+        # An agent that vanishes (no goodbye) is dropped once its heartbeats stop.
+        agents[1].proc.send_signal(signal.SIGKILL)
+        agents[1].wait()
+        wait_for(lambda: master.agents(token) == [], 15, "lab-gpu2's removal")
+
+        # A second master on the same port: the error the real one logs, and exit 1.
+        clash = MasterProcess(tmp_path, config, "clash")
+        assert clash.proc.wait(timeout=30) == 1
+        assert f"listen tcp :{master.port}: bind: address already in use" in clash.log.read_text()
+
+        assert master.stop() == 0
+    finally:
+        for agent in agents:
+            agent.kill()
+        master.kill()
+
+    # Restart with another initial password: it only applies on the first boot.
+    config["security"]["initial_user_password"] = "Other-Passw0rd"
+    again = MasterProcess(tmp_path, config, "again")
+    try:
+        again.wait_healthy()
+        assert again.login("Other-Passw0rd")[0] == 401
+        assert again.login("Admin-Passw0rd")[0] == 200
+        status, info2 = again.request("GET", "/info")
+        assert info2["cluster_id"] == info["cluster_id"] and info2["master_id"] != info["master_id"]
+    finally:
+        again.kill()
+    assert "Admin-Passw0rd" not in (tmp_path / "master.log").read_text()
+
+
+@pytest.mark.pg
+def test_health_turns_503_when_the_database_goes_away(tmp_path, postgres):
+    """The database stays up for the other tests; the master's role loses its login instead."""
+    config = base_config(tmp_path, postgres["port"])
+    config["db"] = dict(postgres)
+    master = MasterProcess(tmp_path, config)
+    try:
+        master.wait_healthy()
+        _psql(
+            postgres["port"],
+            f"ALTER ROLE {postgres['user']} NOLOGIN;\n"
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE usename = '{postgres['user']}';\n",
+        )
+        status, body = master.request("GET", "/health")
+        assert status == 503 and body["database"] == "down" and body["status"] == "down"
+    finally:
+        _psql(postgres["port"], f"ALTER ROLE {postgres['user']} LOGIN;\n")
+        master.kill()

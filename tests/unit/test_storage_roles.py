@@ -1,0 +1,538 @@
+"""Storage and scheduler roles without a lab: rendered files, operations, bucket, SCRAM.
+
+Real where it is cheap: the bucket code runs against the lab's MinIO stand-in started on
+loopback, the download-and-verify shell runs against a loopback HTTP server, and (marked `pg`,
+needs root) the PostgreSQL role operations run against a throwaway PostgreSQL cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+import http.server
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.context import ctx_host
+
+from deploy import s3
+from deploy.cluster import load_cluster
+from roles import determined_agent, determined_master, docker, minio, postgresql, shared_ops
+from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
+from tests.verify.test_storage import parse_env_file
+
+REPO = Path(__file__).resolve().parents[2]
+MINIO_STANDIN = REPO / "tests" / "lab" / "standins" / "minio" / "minio"
+ZERO_SHA = "0" * 64
+
+# Values chosen to break naive quoting in YAML, systemd environment files and shells.
+NASTY = {
+    "T_ACCESS": "det-ak_01",
+    "T_SECRET": 'S3cr"et$HOME`id`\\n #: {x}',
+    "T_DB": "db'pass: #1 \"quoted\" \\ $PATH",
+    "T_ADMIN": "Adm1n-P@ss'\"# yes: no",
+}
+
+
+def write_cluster(tmp_path: Path, storage_port=9000, region="us-east-1", prefix=None,
+                  layout="per_node") -> Path:
+    storage = {
+        "bucket": "det-checkpoints", "region": region, "port": storage_port,
+        "access_key": {"env": "T_ACCESS"}, "secret_key": {"env": "T_SECRET"},
+    }
+    if prefix:
+        storage["prefix"] = prefix
+    artifact = {"sha256": ZERO_SHA}
+    doc = {
+        "master_host": "m1",
+        "master_port": 23457,
+        "network": {"management": "127.0.0.0/24", "ipoib": {"subnet": "10.78.9.0/24"}},
+        "nodes": [
+            {"hostname": "m1", "address": "127.0.0.1", "ipoib_address": "10.78.9.10",
+             "roles": ["master", "storage"]},
+            {"hostname": "g1", "address": "127.0.0.2", "ipoib_address": "10.78.9.11",
+             "roles": ["agent"], "slots": 4, "agent_layout": layout},
+        ],
+        "sources": {
+            "minio": {"url": "http://mirror/minio", **artifact},
+            "mofed_tarball": {"url": "http://mirror/{version}-{distro}.tgz", **artifact},
+            "determined_master": {"url": "http://mirror/m_{version}.deb", **artifact},
+            "determined_agent": {"url": "http://mirror/a_{version}.deb", **artifact},
+        },
+        "storage": storage,
+        "database": {"password": {"env": "T_DB"}},
+        "determined": {"admin_password": {"env": "T_ADMIN"}},
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def make_cluster(tmp_path, monkeypatch):
+    for key, value in NASTY.items():
+        monkeypatch.setenv(key, value)
+    return lambda **kw: load_cluster(write_cluster(tmp_path, **kw))
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    return make_cluster()
+
+
+# --- rendered files -------------------------------------------------------------------------
+
+def test_master_yaml_has_only_known_keys_and_no_region(cluster):
+    config = yaml.safe_load(determined_master.master_yaml(cluster))
+    assert unknown_keys(config, KNOWN_MASTER) == []
+    assert "region" not in config["checkpoint_storage"]
+    assert not re.search(r"^\s*region\s*:", determined_master.master_yaml(cluster), re.MULTILINE)
+
+
+def test_master_yaml_values(cluster):
+    config = yaml.safe_load(determined_master.master_yaml(cluster))
+    assert config["port"] == 23457
+    assert config["db"] == {"user": "determined", "password": NASTY["T_DB"], "host": "localhost",
+                            "port": 5432, "name": "determined"}
+    assert config["checkpoint_storage"] == {
+        "type": "s3", "bucket": "det-checkpoints", "access_key": NASTY["T_ACCESS"],
+        "secret_key": NASTY["T_SECRET"], "endpoint_url": "http://m1:9000",
+        "save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1,
+    }
+    assert config["security"] == {"initial_user_password": NASTY["T_ADMIN"]}
+    assert config["task_container_defaults"] == {
+        "environment_variables": ["AWS_DEFAULT_REGION=us-east-1"]}
+
+
+def test_master_yaml_prefix_and_region(make_cluster):
+    config = yaml.safe_load(determined_master.master_yaml(
+        make_cluster(prefix="team-a/ckpt", region="eu-central-1")))
+    assert config["checkpoint_storage"]["prefix"] == "team-a/ckpt"
+    assert config["task_container_defaults"]["environment_variables"] == [
+        "AWS_DEFAULT_REGION=eu-central-1"]
+
+
+def test_agent_yaml(cluster):
+    text = determined_agent.agent_yaml(cluster, cluster.node("g1"))
+    config = yaml.safe_load(text)
+    assert unknown_keys(config, KNOWN_AGENT) == []
+    assert config == {
+        "master_host": "m1",
+        "master_port": 23457,  # written although it is the cluster's default: the agent's is 80
+        "container_master_host": "127.0.0.1",
+        "agent_id": "g1",
+        "resource_pool": "default",
+        "slot_type": "cuda",
+    }
+    assert not any(v in text for v in NASTY.values())
+
+
+def test_agent_layout_per_domain_is_refused_clearly(make_cluster):
+    cluster = make_cluster(layout="per_domain")
+    with pytest.raises(NotImplementedError, match="per_domain"):
+        determined_agent.agent_yaml(cluster, cluster.node("g1"))
+
+
+def test_unknown_keys_names_the_article_region_key():
+    doc = {"port": 1, "checkpoint_storage": {"type": "s3", "region": "x"}, "regio": 1}
+    assert unknown_keys(doc, KNOWN_MASTER) == ["checkpoint_storage.region", "regio"]
+
+
+def test_minio_env_file(cluster):
+    env = parse_env_file(minio.env_content(cluster))
+    assert env == {
+        "MINIO_VOLUMES": "/mnt/data",
+        "MINIO_OPTS": "--address :9000 --console-address :9001",
+        "MINIO_ROOT_USER": NASTY["T_ACCESS"],
+        "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"],
+        "MINIO_SITE_REGION": "us-east-1",
+    }
+
+
+def test_master_s3_env_file(cluster):
+    assert parse_env_file(determined_master.s3_env(cluster)) == {
+        "AWS_ACCESS_KEY_ID": NASTY["T_ACCESS"],
+        "AWS_SECRET_ACCESS_KEY": NASTY["T_SECRET"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def test_env_file_refuses_line_breaks_without_showing_the_value():
+    with pytest.raises(ValueError) as e:
+        shared_ops.env_file("h", {"KEY": "top\nsecret"})
+    assert "KEY" in str(e.value) and "secret" not in str(e.value)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_env_file_matches_what_a_shell_sees_for_plain_values():
+    # A second opinion on the quoting for values without systemd/shell differences.
+    text = shared_ops.env_file("x", {"A": "one two", "B": "--address :9000"})
+    out = subprocess.run(["bash", "-c", 'set -a; . /dev/stdin; printf "%s|%s" "$A" "$B"'],
+                         input=text, capture_output=True, text=True, check=True).stdout
+    assert out == "one two|--address :9000"
+
+
+def test_postgresql_conf():
+    text = postgresql.conf_content()
+    assert "max_connections = 100" in text and "{{" not in text
+    assert postgresql.MAX_CONNECTIONS >= 96
+    assert "listen_addresses = 'localhost'" in text
+
+
+@pytest.mark.parametrize("os_id,version,expected", [
+    ("debian", "12", (15, False)),
+    ("ubuntu", "22.04", (14, False)),
+    ("ubuntu", "20.04", (15, True)),   # 12 is too old: PGDG
+    ("debian", "11", (13, False)),
+    ("ubuntu", "18.04", (15, True)),
+])
+def test_postgresql_major(os_id, version, expected):
+    assert postgresql.major_for(os_id, version) == expected
+
+
+# --- SCRAM ----------------------------------------------------------------------------------
+
+def test_scram_verifier_against_rfc7677_example():
+    # RFC 7677 section 3: user "user", password "pencil", salt W22ZaJ0SNY7soEsUEjb6gQ==.
+    verifier = postgresql.scram_verifier("pencil", base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
+    head, keys = verifier.rsplit("$", 1)
+    assert head == "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ=="
+    stored_key, server_key = (base64.b64decode(k) for k in keys.split(":"))
+    nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+    auth = (f"n=user,r=rOprNGfwEbeRWgbNEkqO,r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,"
+            f"c=biws,r={nonce}").encode()
+    server_signature = hmac.new(server_key, auth, hashlib.sha256).digest()
+    assert base64.b64encode(server_signature).decode() == \
+        "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    client_signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
+    proof = base64.b64decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+    client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
+    assert hashlib.sha256(client_key).digest() == stored_key
+
+
+def test_password_matches():
+    verifier = postgresql.scram_verifier("pw-1", b"0123456789abcdef")
+    current = {"salt": verifier.split("$")[1],
+               "digest": hashlib.sha256(verifier.encode()).hexdigest()}
+    assert postgresql.password_matches("pw-1", current)
+    assert not postgresql.password_matches("pw-2", current)
+    assert not postgresql.password_matches("pw-1", {"salt": "", "digest": current["digest"]})
+    assert not postgresql.password_matches("pw-1", None)
+
+
+# --- operations, with a host whose facts are given ------------------------------------------
+
+class FakeHost:
+    """The few Host methods the custom operations use; facts come from a dict or a callable."""
+
+    def __init__(self, facts):
+        self.facts = facts
+        self.noops = []
+
+    def get_fact(self, cls, **kwargs):
+        value = self.facts(cls, kwargs) if callable(self.facts) else self.facts[cls]
+        return value
+
+    def noop(self, message):
+        self.noops.append(message)
+
+    def get_temp_filename(self, key=None, **kwargs):
+        return f"/tmp/pyinfra-{hashlib.sha1(str(key).encode()).hexdigest()}"
+
+
+def run_op(op, facts, *args, **kwargs) -> list:
+    with ctx_host.use(FakeHost(facts)):
+        return list(op._inner(*args, **kwargs))
+
+
+def _shown(commands) -> str:
+    """What pyinfra prints for these commands (masked), plus the uploads' reprs."""
+    return "\n".join(str(c) if isinstance(c, StringCommand) else repr(c) for c in commands)
+
+
+def test_secret_file_sets_mode_before_content_and_never_shows_it():
+    from pyinfra.facts.files import File, Sha1File
+
+    secret = shared_ops.SecretBytes("KEY=" + NASTY["T_SECRET"])
+    commands = run_op(shared_ops.secret_file, {File: None, Sha1File: None}, "/etc/x.env", secret)
+    assert [type(c) for c in commands] == [StringCommand, FileUploadCommand]
+    assert str(commands[0]) == "touch /etc/x.env && chown root:root /etc/x.env && chmod 600 /etc/x.env"
+    assert NASTY["T_SECRET"] not in _shown(commands) + repr(secret) + str(secret)
+    assert commands[1].src.read() == secret.data
+
+
+def test_secret_file_unchanged_is_no_change_and_mode_drift_is_fixed():
+    from pyinfra.facts.files import File, Sha1File
+
+    secret = shared_ops.SecretBytes("same")
+    sha1 = hashlib.sha1(b"same").hexdigest()
+    ok = {File: {"user": "root", "group": "root", "mode": 600}, Sha1File: sha1}
+    assert run_op(shared_ops.secret_file, ok, "/etc/x", secret) == []
+    drift = {File: {"user": "root", "group": "root", "mode": 644}, Sha1File: sha1}
+    assert [str(c) for c in run_op(shared_ops.secret_file, drift, "/etc/x", secret)] == [
+        "chmod 600 /etc/x"]
+
+
+def test_verified_binary_skips_a_matching_file():
+    from pyinfra.facts.files import Sha256File
+
+    assert run_op(shared_ops.verified_binary, {Sha256File: ZERO_SHA}, "http://m/minio", ZERO_SHA,
+                  "/usr/local/bin/minio", "MinIO server binary") == []
+    commands = run_op(shared_ops.verified_binary, {Sha256File: None}, "http://m/minio", ZERO_SHA,
+                      "/usr/local/bin/minio", "MinIO server binary")
+    assert len(commands) == 1 and "/usr/local/bin/minio.download" in str(commands[0])
+
+
+def test_verified_deb_skips_the_installed_version():
+    from pyinfra.facts.deb import DebPackages
+
+    args = ("determined-master", "0.38.0", "http://m/m.deb", ZERO_SHA, "determined-master")
+    assert run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}},
+                  *args) == []
+    commands = run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}},
+                      *args)
+    assert "apt-get install" in str(commands[0]) and "--force-confold" in str(commands[0])
+
+
+def test_docker_runtime_configured_only_when_missing():
+    assert run_op(docker.nvidia_runtime, {docker.DockerRuntimes: frozenset({"nvidia"})}) == []
+    commands = run_op(docker.nvidia_runtime, {docker.DockerRuntimes: frozenset({"runc"})})
+    assert "nvidia-ctk runtime configure --runtime=docker" in str(commands[0])
+
+
+def test_docker_runtimes_fact_parses_nvidia_ctk_output():
+    fact = docker.DockerRuntimes()
+    text = '{\n    "runtimes": {\n        "nvidia": {\n            "args": [],\n' \
+           '            "path": "nvidia-container-runtime"\n        }\n    }\n}'
+    assert fact.process(text.splitlines()) == {"nvidia"}
+    assert fact.process(["{not json"]) == frozenset()
+    assert fact.process(['{"log-driver": "json-file"}']) == frozenset()
+
+
+def test_role_password_never_shown():
+    from roles.postgresql import RoleVerifier
+
+    commands = run_op(postgresql.role, {RoleVerifier: None}, "determined",
+                      load_secret(NASTY["T_DB"]))
+    shown = _shown(commands)
+    assert shown.startswith("cd / && runuser -u postgres -- psql")
+    assert 'CREATE ROLE "determined" WITH LOGIN PASSWORD' in shown
+    assert "*MASKED*" in shown and "SCRAM" not in shown and NASTY["T_DB"] not in shown
+
+
+def load_secret(value: str):
+    from deploy.secrets import Secret, SecretRef
+
+    return Secret(SecretRef("env", "T"), value)
+
+
+# --- download and verify, for real against a loopback HTTP server --------------------------
+
+@pytest.fixture
+def http_dir(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler.log_message = lambda *a: None
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield served, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_fetch_and_check_installs_only_a_matching_file(http_dir, tmp_path):
+    served, base = http_dir
+    (served / "tool").write_bytes(b"#!/bin/sh\necho real\n")
+    good = hashlib.sha256(b"#!/bin/sh\necho real\n").hexdigest()
+    dest = tmp_path / "bin-tool"
+
+    def install(sha):
+        script = shared_ops._fetch_and_check(f"{base}/tool", sha, f"{dest}.download", "Tool")
+        return subprocess.run(["sh", "-c", script + f" && mv -f {dest}.download {dest}"],
+                              check=False, capture_output=True, text=True)
+
+    bad = install(ZERO_SHA)
+    assert bad.returncode == 1
+    assert f"Tool: sha256 mismatch for {base}/tool: expected {ZERO_SHA}, got {good}" in bad.stderr
+    assert not dest.exists() and not Path(f"{dest}.download").exists()
+    missing = subprocess.run(["sh", "-c", shared_ops._fetch_and_check(
+        f"{base}/nope", good, f"{dest}.download", "Tool")], check=False, capture_output=True, text=True)
+    assert missing.returncode == 1 and f"Tool: download failed from {base}/nope" in missing.stderr
+    ok = install(good)
+    assert ok.returncode == 0, ok.stderr
+    assert dest.read_bytes() == b"#!/bin/sh\necho real\n"
+
+
+# --- the bucket, for real against the MinIO stand-in on loopback ----------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def minio_server(tmp_path):
+    if not MINIO_STANDIN.exists():
+        pytest.skip("the MinIO stand-in is not in the tree")
+    procs = []
+
+    def start(site_region: str | None) -> int:
+        port = _free_port()
+        env = {"PATH": os.environ["PATH"], "MINIO_ROOT_USER": NASTY["T_ACCESS"],
+               "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"]}
+        if site_region:
+            env["MINIO_SITE_REGION"] = site_region
+        data = tmp_path / f"data-{port}"
+        data.mkdir()
+        proc = subprocess.Popen(
+            ["python3", str(MINIO_STANDIN), "server", "--address", f"127.0.0.1:{port}",
+             "--console-address", f"127.0.0.1:{_free_port()}", str(data)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return port
+            if proc.poll() is not None:
+                pytest.fail(f"MinIO stand-in exited: {proc.stderr.read().decode()[-500:]}")
+            time.sleep(0.1)
+        pytest.fail("MinIO stand-in did not listen")
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-central-1"])
+def test_bucket_made_once_with_its_region(minio_server, make_cluster, region):
+    cluster = make_cluster(storage_port=minio_server(region), region=region)
+    assert s3.bucket_problem(cluster) == "bucket det-checkpoints does not exist"
+    assert s3.ensure_bucket(cluster) is True
+    assert s3.ensure_bucket(cluster) is False
+    assert s3.bucket_problem(cluster) is None
+    client = s3.client(cluster)
+    assert s3.bucket_location(client, "det-checkpoints", region) == region
+
+
+def test_bucket_region_mismatch_fails_clearly(minio_server, make_cluster, tmp_path):
+    port = minio_server("eu-west-1")
+    # MinIO answers GET ?location signed for any region (S3 clients discover regions that
+    # way), so the plan only sees a missing bucket; making it is refused, naming the region.
+    cluster = make_cluster(storage_port=port, region="us-east-1")
+    assert s3.bucket_problem(cluster) == "bucket det-checkpoints does not exist"
+    with pytest.raises(s3.BucketError) as e:
+        s3.ensure_bucket(cluster)
+    message = str(e.value)
+    assert "AuthorizationHeaderMalformed" in message and "expecting 'eu-west-1'" in message
+    assert not any(v in message for v in NASTY.values())
+    # A bucket made in eu-west-1, then cluster.yaml saying us-east-1: the location check.
+    assert s3.ensure_bucket(make_cluster(storage_port=port, region="eu-west-1")) is True
+    assert "has location 'eu-west-1'" in s3.bucket_problem(cluster)
+    with pytest.raises(s3.BucketError, match="reads back location 'eu-west-1', not 'us-east-1'"):
+        s3.ensure_bucket(cluster)
+
+
+def test_bucket_unreachable_is_a_problem_not_an_exception(make_cluster):
+    cluster = make_cluster(storage_port=_free_port())
+    assert "is not reachable" in s3.bucket_problem(cluster)
+    with pytest.raises(s3.BucketError, match="not reachable from the controller"):
+        s3.ensure_bucket(cluster)
+
+
+def test_bucket_operation_is_no_change_when_the_bucket_is_right(minio_server, make_cluster):
+    cluster = make_cluster(storage_port=minio_server("us-east-1"))
+    commands = run_op(minio.bucket, {}, cluster)
+    assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
+    s3.ensure_bucket(cluster)
+    assert run_op(minio.bucket, {}, cluster) == []
+
+
+# --- PostgreSQL role and database operations, for real (root, local PostgreSQL 15) ----------
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@pytest.fixture
+def pg_cluster():
+    if os.geteuid() != 0 or not (PG_BIN / "initdb").exists():
+        pytest.skip("needs root and PostgreSQL 15 binaries")
+    # Outside pytest's tmp_path: its parents are 0700 root, and the server runs as postgres.
+    tmp_path = Path(tempfile.mkdtemp(prefix="pg-role-test-"))
+    tmp_path.chmod(0o755)
+    shutil.chown(tmp_path, "postgres")
+    data, sockets = tmp_path / "pgdata", tmp_path / "pgsock"
+    sockets.mkdir()
+    shutil.chown(sockets, "postgres")
+    port = _free_port()
+    run_as = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(run_as + [str(PG_BIN / "initdb"), "-D", str(data), "-A", "peer",
+                             "--auth-host=scram-sha-256"], check=True, capture_output=True,
+                   cwd="/")
+    subprocess.run(run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
+                             str(tmp_path / "pg.log"), "-o",
+                             f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True, cwd="/")
+    env = {**os.environ, "PGHOST": str(sockets), "PGPORT": str(port)}
+    yield env, port
+    subprocess.run(run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
+                   check=False, capture_output=True, cwd="/")
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _pg_facts(env):
+    def facts(cls, kwargs):
+        command = cls().command(**kwargs)
+        text = command.get_raw_value() if isinstance(command, StringCommand) else command
+        out = subprocess.run(["sh", "-c", text], env=env, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        return cls().process(out) if out else cls().default()
+    return facts
+
+
+def _pg_run(env, commands):
+    for c in commands:
+        subprocess.run(["sh", "-c", c.get_raw_value()], env=env, check=True,
+                       capture_output=True)
+
+
+def _login(port, user, password, database="postgres") -> bool:
+    return subprocess.run(
+        [str(PG_BIN / "psql"), "-X", "-h", "127.0.0.1", "-p", str(port), "-U", user,
+         "-d", database, "-Atc", "SELECT 1"],
+        env={**os.environ, "PGPASSWORD": password}, check=False, capture_output=True, text=True,
+    ).returncode == 0
+
+
+@pytest.mark.pg
+def test_role_and_database_against_postgresql(pg_cluster):
+    env, port = pg_cluster
+    facts = _pg_facts(env)
+    password = load_secret(NASTY["T_DB"])
+    _pg_run(env, run_op(postgresql.role, facts, "determined", password))
+    assert _login(port, "determined", NASTY["T_DB"])
+    assert not _login(port, "determined", "wrong")
+    # Same password: no change. A new one in cluster.yaml: set, and the old one stops working.
+    assert run_op(postgresql.role, facts, "determined", password) == []
+    new = load_secret("N3w-" + NASTY["T_DB"])
+    _pg_run(env, run_op(postgresql.role, facts, "determined", new))
+    assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
+
+    _pg_run(env, run_op(postgresql.database, facts, "determined", "determined"))
+    assert _login(port, "determined", new.value, database="determined")
+    assert run_op(postgresql.database, facts, "determined", "determined") == []

@@ -1,0 +1,225 @@
+"""The scheduler: PostgreSQL, the Determined master, Docker and the agents.
+
+master.yaml and agent.yaml are checked against the fields Determined 0.38 knows (KNOWN_MASTER,
+KNOWN_AGENT below, from master/internal/config and agent/internal/options at v0.38.0): the
+master and the agent refuse unknown keys, and the article's `region:` under
+checkpoint_storage is one.
+
+Secret values never reach an assertion message (comparisons become booleans first).
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from roles.postgresql import MIN_MAJOR, RoleVerifier, password_matches
+from tests.verify.test_storage import parse_env_file
+
+REGISTRATION_WAIT = 30  # seconds
+ANY = None  # a leaf, or a subtree this check does not descend into
+
+# Config (master/internal/config/config.go) with ResourceConfig inlined.
+KNOWN_MASTER = {
+    "config_file": ANY, "log": ANY, "tensorboard_timeout": ANY, "notebook_timeout": ANY,
+    "db": {k: ANY for k in ("user", "password", "migrations", "views_and_triggers", "host",
+                            "port", "name", "ssl_mode", "ssl_root_cert")},
+    "security": {k: ANY for k in ("default_task", "tls", "ssh", "authz", "token",
+                                  "initial_user_password")},
+    # schemas/expconf/v0/s3.json (additionalProperties: false): there is no region.
+    "checkpoint_storage": {k: ANY for k in ("type", "bucket", "access_key", "secret_key",
+                                            "endpoint_url", "prefix", "save_experiment_best",
+                                            "save_trial_best", "save_trial_latest")},
+    # master/pkg/model/task_container_defaults.go
+    "task_container_defaults": {k: ANY for k in (
+        "dtrain_network_interface", "nccl_port_range", "gloo_port_range", "shm_size_bytes",
+        "network_mode", "cpu_pod_spec", "gpu_pod_spec", "checkpoint_gc_pod_spec", "image",
+        "registry_auth", "force_pull_image", "environment_variables", "add_capabilities",
+        "drop_capabilities", "devices", "bind_mounts", "work_dir", "slurm", "pbs",
+        "startup_hook", "log_policies", "preemption_timeout", "kubernetes")},
+    "port": ANY, "root": ANY, "telemetry": ANY, "enable_cors": ANY, "launch_error": ANY,
+    "cluster_name": ANY, "ui_customization": ANY, "logging": ANY, "retention_policy": ANY,
+    "observability": ANY, "cache": ANY, "webhooks": ANY, "feature_switches": ANY,
+    "reserved_ports": ANY, "resource_manager": ANY, "resource_pools": ANY,
+    "additional_resource_managers": ANY, "__internal": ANY, "scim": ANY, "saml": ANY,
+    "oidc": ANY, "det_cloud": ANY, "integrations": ANY,
+}
+
+# Options (agent/internal/options/options.go)
+KNOWN_AGENT = {k: ANY for k in (
+    "config_file", "log", "master_host", "master_port", "agent_id", "resource_pool",
+    "container_master_host", "container_master_port", "slot_type", "visible_gpus", "security",
+    "debug", "artificial_slots", "tls", "tls_cert", "tls_key", "api_enabled", "bind_ip",
+    "bind_port", "http_proxy", "https_proxy", "ftp_proxy", "no_proxy",
+    "agent_reconnect_attempts", "agent_reconnect_backoff", "container_runtime",
+    "container_auto_remove_disabled", "hooks", "fluent")}
+
+
+def unknown_keys(document, known, path="") -> list[str]:
+    """Dotted paths of keys in `document` that `known` does not list (names only)."""
+    if not isinstance(document, dict):
+        return [f"{path or '(top level)'}: not a mapping"]
+    found = []
+    for key, value in document.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            found.append(where)
+        elif isinstance(known[key], dict) and isinstance(value, dict):
+            found += unknown_keys(value, known[key], where)
+    return found
+
+
+def _read_yaml(host, path: str) -> dict:
+    return yaml.safe_load(host.file(path).content_string)
+
+
+def _http(url: str, data: dict | None = None, token: str | None = None):
+    request = urllib.request.Request(url, data=json.dumps(data).encode() if data else None)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def _master_url(cluster) -> str:
+    return f"http://{cluster.master_node.address}:{cluster.master_port}"
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+def _psql(host, sql: str) -> str:
+    return host.check_output(f"cd / && runuser -u postgres -- psql -X -Atc \"{sql}\"")
+
+
+def test_postgresql_version_and_connections(master, host_of):
+    h = host_of(master)
+    version = int(_psql(h, "SHOW server_version_num"))
+    assert version >= MIN_MAJOR * 10000, f"PostgreSQL {version}: Determined needs {MIN_MAJOR}+"
+    assert int(_psql(h, "SHOW max_connections")) >= 96
+    assert _psql(h, "SHOW listen_addresses") == "localhost"
+
+
+def test_database_role_password_is_the_configured_one(master, host_of, cluster):
+    h = host_of(master)
+    db = cluster.database
+    verifier = RoleVerifier().process(
+        [h.check_output(RoleVerifier().command(role=db.user).get_raw_value())]
+    )
+    assert verifier is not None, f"role {db.user} does not exist"
+    matches = password_matches(db.password.value, verifier)
+    assert matches, f"role {db.user}'s password is not database.password from cluster.yaml"
+    owner = _psql(h, f"SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = '{db.name}'")
+    assert owner == db.user
+
+
+# --- master -------------------------------------------------------------------------------
+
+def test_master_service(master, host_of):
+    service = host_of(master).service("determined-master")
+    assert service.is_enabled and service.is_running
+
+
+def test_master_health_from_controller(cluster):
+    status, _ = _http(f"{_master_url(cluster)}/health")
+    assert status == 200, (f"GET /health -> {status}; journalctl -u determined-master on "
+                           f"{cluster.master_host}")
+
+
+def test_master_health_on_node(master, host_of, cluster):
+    code = host_of(master).check_output(
+        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.master_port}/health")
+    assert code == "200"
+
+
+def test_master_yaml(master, host_of, cluster):
+    h = host_of(master)
+    config = _read_yaml(h, "/etc/determined/master.yaml")
+    assert unknown_keys(config, KNOWN_MASTER) == []
+    assert config["port"] == cluster.master_port
+    storage = config["checkpoint_storage"]
+    assert storage["type"] == "s3" and storage["bucket"] == cluster.storage.bucket
+    assert not storage["endpoint_url"].endswith("/")
+    assert config["task_container_defaults"]["environment_variables"] == [
+        f"AWS_DEFAULT_REGION={cluster.storage.region}"]
+    # The keys Determined's trial containers use are the ones the master's service has.
+    env = parse_env_file(h.file("/etc/determined/master-s3.env").content_string)
+    same = (storage["access_key"] == env["AWS_ACCESS_KEY_ID"]
+            and storage["secret_key"] == env["AWS_SECRET_ACCESS_KEY"])
+    assert same, "checkpoint_storage keys in master.yaml differ from master-s3.env"
+
+
+# --- agents -------------------------------------------------------------------------------
+
+def test_docker_with_nvidia_runtime(agent, host_of):
+    h = host_of(agent)
+    assert h.service("docker").is_enabled and h.service("docker").is_running
+    version = h.check_output("docker version --format '{{.Server.Version}}'")
+    major, minor = (int(x) for x in version.split(".")[:2])
+    assert (major, minor) >= (20, 10), f"Docker {version}: Determined needs 20.10+"
+    runtimes = json.loads(h.check_output("docker info --format '{{json .Runtimes}}'"))
+    assert "nvidia" in runtimes
+
+
+def test_agent_yaml(agent, host_of, cluster):
+    config = _read_yaml(host_of(agent), "/etc/determined/agent.yaml")
+    assert unknown_keys(config, KNOWN_AGENT) == []
+    assert config["master_host"] == cluster.master_host
+    # Always written: without it the agent dials port 80, not the master's port.
+    assert config["master_port"] == cluster.master_port
+    assert config["agent_id"] == agent.hostname
+    assert config["resource_pool"] == cluster.determined.resource_pool
+    assert config["slot_type"] == cluster.determined.slot_type
+
+
+def test_agent_service(agent, host_of):
+    service = host_of(agent).service("determined-agent")
+    assert service.is_enabled and service.is_running
+
+
+def test_agent_reaches_master_port(agent, host_of, cluster):
+    # By name, as the agent does: /etc/hosts resolution and the port in one go.
+    target = f"/dev/tcp/{cluster.master_host}/{cluster.master_port}"
+    result = host_of(agent).run(f"timeout 5 bash -c ': < {target}'")
+    assert result.rc == 0, f"{agent.hostname} cannot connect to {cluster.master_host}:" \
+                           f"{cluster.master_port}: {result.stderr.strip()}"
+
+
+@pytest.fixture(scope="module")
+def registered_agents(cluster):
+    """{agent id: agent} from GET /api/v1/agents, once every agent of cluster.yaml is listed
+    or after REGISTRATION_WAIT seconds (an agent started before the master retries every 5 s)."""
+    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
+                         {"username": "admin",
+                          "password": cluster.determined.admin_password.value})
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    token = body["token"]
+    expected = {n.hostname for n in cluster.agents}
+    deadline = time.monotonic() + REGISTRATION_WAIT
+    while True:
+        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
+        assert status == 200, f"GET /api/v1/agents -> {status}"
+        agents = {a["id"]: a for a in body.get("agents") or []}
+        if expected <= set(agents) or time.monotonic() > deadline:
+            return agents
+        time.sleep(2)
+
+
+def _slot_count(slots) -> int:
+    # The REST API returns a map of slot id -> slot; tolerate a list or a count.
+    return slots if isinstance(slots, int) else len(slots or ())
+
+
+def test_agent_registered_with_its_slots(agent, registered_agents):
+    assert agent.hostname in registered_agents, (
+        f"{agent.hostname} is not registered (have: {sorted(registered_agents)}); "
+        f"journalctl -u determined-agent on {agent.hostname}")
+    registered = registered_agents[agent.hostname]
+    assert registered.get("enabled", True)
+    assert _slot_count(registered.get("slots")) == agent.slots

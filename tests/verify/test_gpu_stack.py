@@ -1,0 +1,113 @@
+"""The pinned GPU and fabric stack: driver, CUDA, NCCL on agents; MLNX_OFED on every node.
+
+Every expected value comes from cluster.yaml through deploy/pins.py, the same mapping the
+deploy installs from.
+"""
+
+import shlex
+
+from deploy.facts_gpu import parse_ibstat
+from deploy.pins import (
+    CUDA_LINK,
+    all_pins,
+    cuda_home,
+    cuda_major_minor,
+    driver_pins,
+    nccl_library,
+    nccl_version_code,
+    ofed_release,
+)
+
+BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+
+NCCL_VERSION = (
+    "import ctypes; lib = ctypes.CDLL('libnccl.so.2'); v = ctypes.c_int(); "
+    "rc = lib.ncclGetVersion(ctypes.byref(v)); print(rc, v.value)"
+)
+
+
+def test_driver_version_on_every_gpu(agent, host_of, cluster):
+    out = host_of(agent).check_output(
+        "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits"
+    )
+    versions = [line.strip() for line in out.splitlines() if line.strip()]
+    assert versions, "nvidia-smi lists no GPU"
+    assert set(versions) == {cluster.versions.nvidia_driver}, versions
+
+
+def test_no_driver_reboot_pending(agent, host_of, cluster):
+    pending = host_of(agent).run("cat /run/reboot-required.pkgs 2>/dev/null").stdout.split()
+    driver = [p for p, _ in driver_pins(cluster.versions.nvidia_driver).packages]
+    assert not set(pending) & set(driver), f"reboot pending for {sorted(set(pending) & set(driver))}"
+
+
+def test_nouveau_blacklisted(agent, host_of):
+    conf = host_of(agent).file(BLACKLIST)
+    assert conf.is_file
+    lines = [line.strip() for line in conf.content_string.splitlines()]
+    assert "blacklist nouveau" in lines
+    assert "options nouveau modeset=0" in lines
+
+
+def test_cuda_link_resolves_to_pinned_toolkit(agent, host_of, cluster):
+    resolved = host_of(agent).check_output(f"readlink -e {CUDA_LINK}")
+    assert resolved == cuda_home(cluster.versions.cuda)
+
+
+def test_nvcc_release(agent, host_of, cluster):
+    out = host_of(agent).check_output(f"{CUDA_LINK}/bin/nvcc --version")
+    assert f"release {cuda_major_minor(cluster.versions.cuda)}," in out, out
+
+
+def test_login_shell_finds_cuda(agent, host_of, cluster):
+    home = cuda_home(cluster.versions.cuda)
+    out = host_of(agent).check_output(
+        "bash -lc " + shlex.quote('command -v nvcc; echo "$LD_LIBRARY_PATH"')
+    ).splitlines()
+    assert out[0] == f"{home}/bin/nvcc"
+    assert f"{home}/lib64" in out[1].split(":")
+
+
+def test_nccl_library_and_version(agent, host_of, cluster):
+    h = host_of(agent)
+    assert h.file(nccl_library(cluster.versions.nccl)).is_file
+    rc, code = h.check_output("python3 -c " + shlex.quote(NCCL_VERSION)).split()
+    assert int(rc) == 0
+    assert int(code) == nccl_version_code(cluster.versions.nccl)
+
+
+def test_pinned_packages_installed_and_held(agent, host_of, cluster):
+    h = host_of(agent)
+    held = set(h.check_output("apt-mark showhold").split())
+    for pinset in all_pins(cluster.versions):
+        for package, version in pinset.packages:
+            pkg = h.package(package)
+            assert pkg.is_installed, package
+            assert pkg.version == version, f"{package} {pkg.version} (pinned {version})"
+            assert package in held, f"{package} is not held"
+
+
+def test_apt_candidate_is_the_pin(agent, host_of, cluster):
+    # The preferences are what keeps an `apt-get upgrade` (held or not) on the pinned stack.
+    h = host_of(agent)
+    for pinset in all_pins(cluster.versions):
+        names = " ".join(p for p, _ in pinset.packages)
+        policy = h.check_output(f"LC_ALL=C apt-cache policy {names}")
+        candidates = [line.split(":", 1)[1].strip() for line in policy.splitlines()
+                      if line.strip().startswith("Candidate:")]
+        assert candidates == [v for _, v in pinset.packages], policy
+
+
+def test_ofed_release(node, host_of, cluster):
+    out = host_of(node).check_output("ofed_info -s")
+    assert out.strip() == ofed_release(cluster.versions.mofed) + ":"
+
+
+def test_ib_ports_active(node, host_of):
+    ports = parse_ibstat(host_of(node).check_output("ibstat").splitlines())
+    assert ports, "ibstat shows no port"
+    for (ca, port), fields in ports.items():
+        assert fields.get("State") == "Active", f"{ca} port {port}: State {fields.get('State')}"
+        assert fields.get("Physical state") == "LinkUp", (
+            f"{ca} port {port}: Physical state {fields.get('Physical state')}"
+        )
