@@ -1,0 +1,167 @@
+"""python -m tests.lab.bench [--sizes 4,16,32]: measure deploy, re-deploy, verify and rebuild.
+
+For each size it boots a lab of that many nodes (one master, the rest GPU agents, overlay
+root filesystems), then measures: a cold deploy, a no-op re-deploy, a verify run, and the
+rebuild of one agent (blank root filesystem, then `deploy.py --limit` it). Per step: wall
+seconds, SSH commands per host (from pyinfra's debug log), bytes each node fetched from the
+lab mirror and the apt proxy, and the controller's peak memory. Prints one table and writes
+it with the machine's description to docs/benchmarks.md. It is a command, not a test.
+"""
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from . import lifecycle
+from .paths import DEFAULT_CLUSTER, LOGS, REPO, STATE
+
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+ACNG_LOG = Path("/var/log/apt-cacher-ng/apt-cacher.log")
+MIRROR_LOG = STATE / "mirror-access.log"
+
+
+def cluster_yaml(size: int, octet: int) -> str:
+    """The lab cluster.yaml with `size` nodes on 10.77.<octet>.0/24."""
+    text = DEFAULT_CLUSTER.read_text()
+    head, _, rest = text.partition("nodes:\n")
+    tail = rest[rest.index("\nsources:"):]
+    nodes = [f"  - hostname: b{size}-master\n    address: 10.77.{octet}.10\n"
+             f"    ipoib_address: 10.78.{octet}.10\n    roles: [master, storage]\n"]
+    for i in range(1, size):
+        nodes.append(f"  - hostname: b{size}-gpu{i}\n    address: 10.77.{octet}.{10 + i}\n"
+                     f"    ipoib_address: 10.78.{octet}.{10 + i}\n    roles: [agent]\n    slots: 8\n")
+    text = head + "nodes:\n" + "".join(nodes) + tail
+    return text.replace("10.77.0.", f"10.77.{octet}.").replace("10.78.0.", f"10.78.{octet}.")
+
+
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _bytes_by_client(path: Path, offset: int, pattern: re.Pattern) -> Counter:
+    counts: Counter = Counter()
+    if not path.exists():
+        return counts
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for line in f.read().decode(errors="replace").splitlines():
+            m = pattern.search(line)
+            if m:
+                counts[m.group("ip")] += int(m.group("bytes"))
+    return counts
+
+
+MIRROR_LINE = re.compile(r'^(?P<ip>\S+) .*" \d{3} (?P<bytes>\d+)$')
+# apt-cacher-ng: time|O|bytes|client|path  (O = delivered to a client)
+ACNG_LINE = re.compile(r"^\d+\|O\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
+
+
+def timed(argv: list[str], cwd=REPO) -> dict:
+    """Run a command; wall seconds, peak RSS (MB) of it and its children, output."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        out.seek(0)
+        text = out.read()
+    peak = usage.ru_maxrss / 1024
+    return {"wall": wall, "rc": os.waitstatus_to_exitcode(status), "peak_mb": peak, "out": text}
+
+
+def ssh_commands(debug_output: str) -> Counter:
+    return Counter(re.findall(r"Running command on (\S+?):", debug_output))
+
+
+def measure(step: str, argv: list[str], addresses: list[str]) -> dict:
+    mirror0, acng0 = _log_size(MIRROR_LOG), _log_size(ACNG_LOG)
+    result = timed(argv)
+    fetched = _bytes_by_client(MIRROR_LOG, mirror0, MIRROR_LINE)
+    fetched.update(_bytes_by_client(ACNG_LOG, acng0, ACNG_LINE))
+    per_node = [fetched.get(a, 0) for a in addresses]
+    cmds = ssh_commands(result["out"])
+    result.update(
+        step=step,
+        cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else 0,
+        mb_per_node=(sum(per_node) / len(per_node) / 1e6) if per_node else 0,
+    )
+    if result["rc"] != 0:
+        (LOGS / f"bench-{step}.log").write_text(result["out"])
+        print(f"  {step}: exit {result['rc']}, output in {LOGS / f'bench-{step}.log'}")
+    return result
+
+
+def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
+    path = workdir / f"cluster-{size}.yaml"
+    path.write_text(cluster_yaml(size, octet))
+    inventory = workdir / f"inventory_{size}.py"
+    inventory.write_text(f"from deploy.inventory import groups\nglobals().update(groups({str(path)!r}))\n")
+    rows = []
+    t0 = time.monotonic()
+    spec = lifecycle.up(path, log=lambda *_: None)
+    rows.append({"step": "lab up (boot)", "wall": time.monotonic() - t0, "rc": 0, "peak_mb": 0,
+                 "cmds_per_host": 0, "mb_per_node": 0})
+    addresses = [str(n.address) for n in spec.nodes]
+    deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
+    try:
+        rows.append(measure("cold deploy", deploy, addresses))
+        rows.append(measure("no-op re-deploy", deploy, addresses))
+        rows.append(measure("verify", [sys.executable, "-m", "tests.verify", "--cluster", str(path)],
+                            addresses))
+        victim = spec.nodes[1]
+        lifecycle.recreate(path, victim.hostname, log=lambda *_: None)
+        rows.append(measure("one-node rebuild", deploy + ["--limit", victim.hostname],
+                            [str(victim.address)]))
+    finally:
+        lifecycle.down(path, log=lambda *_: None)
+    for row in rows:
+        row["size"] = size
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB | exit |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {r['cmds_per_host']:.0f} | "
+                     f"{r['mb_per_node']:.1f} | {r['peak_mb']:.0f} | {r['rc']} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+    import pyinfra
+
+    return (f"{os.cpu_count()} cores, {int(mem) / 1e6:.1f} GB RAM, kernel {platform.release()}, "
+            f"Python {platform.python_version()}, pyinfra {pyinfra.__version__}, "
+            f"{time.strftime('%Y-%m-%d')}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.lab.bench", description=__doc__)
+    parser.add_argument("--sizes", default="4,16,32")
+    parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for i, size in enumerate(int(s) for s in args.sizes.split(",")):
+            print(f"== {size} nodes", flush=True)
+            rows += bench_size(size, 40 + i, Path(tmp))
+            print(table([r for r in rows if r["size"] == size]), flush=True)
+    report = (f"# Benchmarks\n\nMachine: {machine()}\n\nCommand: `python -m tests.lab.bench "
+              f"--sizes {args.sizes}`\n\n{table(rows)}\n")
+    Path(args.out).write_text(report)
+    print(report)
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
