@@ -960,7 +960,7 @@ def _nodes(r: _Reader, top: _Map, network: Network, master_host: str | None,
         m = r.mapping(item, base, _NODE_KEYS)
         if m.broken:
             continue
-        hostname = m.get("hostname", _hostname)
+        hostname = m.get("hostname", _hostname, what="the node's hostname")
         address = m.get("address", _ipv4, what="the node's management address")
         ipoib_address = m.get("ipoib_address", _ipv4, what="the node's IPoIB address")
         declared = m.get("roles", _roles, ())

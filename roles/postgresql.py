@@ -2,8 +2,8 @@
 
 install:   PostgreSQL >= 13: the distribution's own where it is new enough (Debian 12: 15,
            Ubuntu 22.04: 14), else PGDG's (Ubuntu 20.04 ships 12, which Determined warns about)
-configure: conf.d/50-determined.conf (max_connections >= 96, listen on localhost only: the
-           master is on the same node); restart only when that file changed
+configure: conf.d/50-determined.conf (database.port, max_connections >= 96, listen on
+           localhost only: the master is on the same node); restart only when it changed
 database:  Determined's role and database. The password never leaves the controller in clear:
            the role gets a SCRAM-SHA-256 verifier computed here, and the node is asked only for
            the current verifier's salt and a digest of it, so a changed password in cluster.yaml
@@ -61,9 +61,9 @@ def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
     return PGDG_MAJOR, True
 
 
-def conf_content() -> str:
+def conf_content(port: int) -> str:
     return (FILES / "50-determined.conf").read_text().replace(
-        "{{ max_connections }}", str(MAX_CONNECTIONS))
+        "{{ max_connections }}", str(MAX_CONNECTIONS)).replace("{{ port }}", str(port))
 
 
 # --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
@@ -95,10 +95,10 @@ def password_matches(password: str, current: dict | None) -> bool:
     return hashlib.sha256(expected.encode()).hexdigest() == current["digest"]
 
 
-def _psql(sql) -> StringCommand:
+def _psql(sql, port: int) -> StringCommand:
     """psql as the postgres superuser over the local socket (peer authentication)."""
-    return StringCommand("cd / && runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -Atc",
-                         QuoteString(sql))
+    return StringCommand(f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} "
+                         "-v ON_ERROR_STOP=1 -Atc", QuoteString(sql))
 
 
 class RoleVerifier(FactBase):
@@ -108,17 +108,17 @@ class RoleVerifier(FactBase):
     `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).
     """
 
-    def requires_command(self, role):
+    def requires_command(self, role, port):
         return "psql"
 
-    def command(self, role):
+    def command(self, role, port):
         sql = (
             "SELECT CASE WHEN rolpassword LIKE 'SCRAM-SHA-256$%' "
             "THEN split_part(rolpassword, '$', 2) ELSE '' END"
             " || ' ' || encode(sha256(convert_to(coalesce(rolpassword, ''), 'UTF8')), 'hex')"
             f" FROM pg_authid WHERE rolname = '{role}'"
         )
-        return _psql(sql)
+        return _psql(sql, port)
 
     def process(self, output):
         line = " ".join(output).strip()
@@ -131,13 +131,13 @@ class RoleVerifier(FactBase):
 class Databases(FactBase):
     """{database name: owner name}."""
 
-    def requires_command(self):
+    def requires_command(self, port):
         return "psql"
 
-    def command(self):
+    def command(self, port):
         sql = ("SELECT datname || ' ' || pg_get_userbyid(datdba) FROM pg_database "
                "WHERE NOT datistemplate")
-        return _psql(sql)
+        return _psql(sql, port)
 
     default = dict
 
@@ -146,9 +146,9 @@ class Databases(FactBase):
 
 
 @operation()
-def role(role: str, password):
+def role(role: str, password, port: int = 5432):
     """A LOGIN role whose password is `password` (a Secret); set only when it differs."""
-    current = host.get_fact(RoleVerifier, role=role)
+    current = host.get_fact(RoleVerifier, role=role, port=port)
     if current is not None and password_matches(password.value, current):
         host.noop(f"role {role} exists with the configured password")
         return
@@ -156,16 +156,16 @@ def role(role: str, password):
     verb = "CREATE" if current is None else "ALTER"
     sql = StringCommand(f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
                         StringCommand("'", HiddenValue(verifier), "'", _separator=""))
-    yield _psql(sql)
+    yield _psql(sql, port)
 
 
 @operation()
-def database(database: str, owner: str):
-    owners = host.get_fact(Databases)
+def database(database: str, owner: str, port: int = 5432):
+    owners = host.get_fact(Databases, port=port)
     if database not in owners:
-        yield _psql(f'CREATE DATABASE "{database}" OWNER "{owner}"')
+        yield _psql(f'CREATE DATABASE "{database}" OWNER "{owner}"', port)
     elif owners[database] != owner:
-        yield _psql(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
+        yield _psql(f'ALTER DATABASE "{database}" OWNER TO "{owner}"', port)
     else:
         host.noop(f"database {database} exists, owned by {owner}")
 
@@ -217,12 +217,12 @@ def apply():
     # configure
     conf = files.put(
         name=f"PostgreSQL settings for Determined (max_connections = {MAX_CONNECTIONS})",
-        src=io.StringIO(conf_content()),
+        src=io.StringIO(conf_content(db.port)),
         dest=f"/etc/postgresql/{major}/main/conf.d/50-determined.conf",
         user="postgres", group="postgres", mode="644",
     )
 
-    # activate. max_connections and listen_addresses take effect only on a restart.
+    # activate. Port, max_connections and listen_addresses take effect only on a restart.
     unit = f"postgresql@{major}-main.service"
     systemd.service(name="Restart PostgreSQL for its new settings", service=unit,
                     running=True, restarted=True, _if=conf.did_change)
@@ -233,5 +233,6 @@ def apply():
 
     # database
     role(name=f"Database role {db.user} (password from cluster.yaml)", role=db.user,
-         password=db.password)
-    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user)
+         password=db.password, port=db.port)
+    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user,
+             port=db.port)

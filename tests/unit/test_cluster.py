@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import ipaddress
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deploy import cluster as cluster_module
 from deploy.cluster import ClusterError, load_cluster
@@ -273,6 +277,60 @@ def test_corpus_never_shows_a_secret(corpus_env, monkeypatch):
             load_cluster(path.name)
         for secret in secrets:
             assert secret not in str(e.value), (path.name, secret)
+
+
+ODD_VALUES = [None, 0, -1, 70000, True, 1.5, "", "x", "a1", "192.0.2.10", "192.0.2.0/24",
+              "{version}", "http://x/{distro}/", [], ["agent"], {}, {"env": "X"}, {"a": 1},
+              [{"hostname": 1}]]
+OPTIONAL = {"key_file", "known_hosts_file", "apt_proxy", "prefix", "slots", "agent_layout"}
+
+
+def _paths(doc, path=()):
+    if path:
+        yield path
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*path, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, (*path, i))
+
+
+def _no_none_left(obj, where="cluster"):
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            assert value is not None or f.name in OPTIONAL, f"{where}.{f.name} is None"
+            _no_none_left(value, f"{where}.{f.name}")
+    elif isinstance(obj, tuple):
+        for i, item in enumerate(obj):
+            _no_none_left(item, f"{where}[{i}]")
+
+
+def test_odd_values_give_problems_or_a_complete_model(tmp_path, corpus_env):
+    """Seeded mutations of a valid file: never an exception other than ClusterError, every
+    problem one line naming the file, and a model without holes when it loads."""
+    rnd = random.Random(1123)
+    base = yaml.safe_load(MINIMAL)
+    paths = list(_paths(base))
+    path = tmp_path / "cluster.yaml"
+    for _ in range(200):
+        doc = copy.deepcopy(base)
+        for _ in range(rnd.randint(1, 3)):
+            *parents, last = rnd.choice(paths)
+            node = doc
+            try:
+                for key in parents:
+                    node = node[key]
+                node[last] = copy.deepcopy(rnd.choice(ODD_VALUES))
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier mutation replaced a parent
+        path.write_text(yaml.safe_dump(doc))
+        try:
+            _no_none_left(load_cluster(path))
+        except ClusterError as e:
+            assert e.problems
+            assert all("\n" not in p and p.startswith(f"{path}: ") for p in e.problems)
 
 
 def test_missing_file(tmp_path, monkeypatch):

@@ -185,8 +185,8 @@ def test_env_file_matches_what_a_shell_sees_for_plain_values():
 
 
 def test_postgresql_conf():
-    text = postgresql.conf_content()
-    assert "max_connections = 100" in text and "{{" not in text
+    text = postgresql.conf_content(5433)
+    assert "max_connections = 100" in text and "port = 5433" in text and "{{" not in text
     assert postgresql.MAX_CONNECTIONS >= 96
     assert "listen_addresses = 'localhost'" in text
 
@@ -327,7 +327,7 @@ def test_role_password_never_shown():
     commands = run_op(postgresql.role, {RoleVerifier: None}, "determined",
                       load_secret(NASTY["T_DB"]))
     shown = _shown(commands)
-    assert shown.startswith("cd / && runuser -u postgres -- psql")
+    assert shown.startswith("cd / && runuser -u postgres -- psql -X -q -p 5432 ")
     assert 'CREATE ROLE "determined" WITH LOGIN PASSWORD' in shown
     assert "*MASKED*" in shown and "SCRAM" not in shown and NASTY["T_DB"] not in shown
 
@@ -488,7 +488,8 @@ def pg_cluster():
                              str(tmp_path / "pg.log"), "-o",
                              f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1", "start"],
                    check=True, capture_output=True, cwd="/")
-    env = {**os.environ, "PGHOST": str(sockets), "PGPORT": str(port)}
+    # The operations pass -p themselves; PGHOST points psql at this cluster's socket.
+    env = {**os.environ, "PGHOST": str(sockets)}
     yield env, port
     subprocess.run(run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
                    check=False, capture_output=True, cwd="/")
@@ -524,15 +525,15 @@ def test_role_and_database_against_postgresql(pg_cluster):
     env, port = pg_cluster
     facts = _pg_facts(env)
     password = load_secret(NASTY["T_DB"])
-    _pg_run(env, run_op(postgresql.role, facts, "determined", password))
+    _pg_run(env, run_op(postgresql.role, facts, "determined", password, port))
     assert _login(port, "determined", NASTY["T_DB"])
     assert not _login(port, "determined", "wrong")
     # Same password: no change. A new one in cluster.yaml: set, and the old one stops working.
-    assert run_op(postgresql.role, facts, "determined", password) == []
+    assert run_op(postgresql.role, facts, "determined", password, port) == []
     new = load_secret("N3w-" + NASTY["T_DB"])
-    _pg_run(env, run_op(postgresql.role, facts, "determined", new))
+    _pg_run(env, run_op(postgresql.role, facts, "determined", new, port))
     assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
 
-    _pg_run(env, run_op(postgresql.database, facts, "determined", "determined"))
+    _pg_run(env, run_op(postgresql.database, facts, "determined", "determined", port))
     assert _login(port, "determined", new.value, database="determined")
-    assert run_op(postgresql.database, facts, "determined", "determined") == []
+    assert run_op(postgresql.database, facts, "determined", "determined", port) == []

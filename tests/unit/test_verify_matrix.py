@@ -6,6 +6,7 @@ way an unreachable node does. No root, no lab.
 """
 
 import ast
+import itertools
 import socket
 from pathlib import Path
 
@@ -335,3 +336,13 @@ def test_report_message_first_line():
         "ibstat -l -> exit 127: bash: line 1: ibstat: command not found"
     Report.longrepr = ("f.py", 3, "Skipped: no secrets")
     assert matrix.report_message(Report()) == "no secrets"
+
+
+def test_main_loads_the_plugin_and_keeps_user_args():
+    from tests.verify.__main__ import pytest_command
+
+    cmd = pytest_command("c.yaml", "4", Path("/r"), ["-k", "gpu"])
+    assert ("-p", "tests.verify.matrix") in list(itertools.pairwise(cmd))
+    assert "--verify-matrix=/r/verify-matrix.md" in cmd and "--tb=short" in cmd
+    assert cmd[-2:] == ["-k", "gpu"]
+    assert "--tb=short" not in pytest_command("c.yaml", "4", Path("/r"), ["--tb=long"])

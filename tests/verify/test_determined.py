@@ -94,28 +94,30 @@ def _master_url(cluster) -> str:
 
 # --- PostgreSQL ---------------------------------------------------------------------------
 
-def _psql(host, sql: str) -> str:
-    return host.check_output(f"cd / && runuser -u postgres -- psql -X -Atc \"{sql}\"")
+def _psql(host, cluster, sql: str) -> str:
+    return host.check_output(f"cd / && runuser -u postgres -- psql -X -p {cluster.database.port} "
+                             f"-Atc \"{sql}\"")
 
 
-def test_postgresql_version_and_connections(master, host_of):
+def test_postgresql_version_and_connections(master, host_of, cluster):
     h = host_of(master)
-    version = int(_psql(h, "SHOW server_version_num"))
+    version = int(_psql(h, cluster, "SHOW server_version_num"))
     assert version >= MIN_MAJOR * 10000, f"PostgreSQL {version}: Determined needs {MIN_MAJOR}+"
-    assert int(_psql(h, "SHOW max_connections")) >= 96
-    assert _psql(h, "SHOW listen_addresses") == "localhost"
+    assert int(_psql(h, cluster, "SHOW max_connections")) >= 96
+    assert _psql(h, cluster, "SHOW listen_addresses") == "localhost"
+    assert int(_psql(h, cluster, "SHOW port")) == cluster.database.port
 
 
 def test_database_role_password_is_the_configured_one(master, host_of, cluster):
     h = host_of(master)
     db = cluster.database
     verifier = RoleVerifier().process(
-        [h.check_output(RoleVerifier().command(role=db.user).get_raw_value())]
+        [h.check_output(RoleVerifier().command(role=db.user, port=db.port).get_raw_value())]
     )
     assert verifier is not None, f"role {db.user} does not exist"
     matches = password_matches(db.password.value, verifier)
     assert matches, f"role {db.user}'s password is not database.password from cluster.yaml"
-    owner = _psql(h, f"SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = '{db.name}'")
+    owner = _psql(h, cluster, f"SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = '{db.name}'")
     assert owner == db.user
 
 
