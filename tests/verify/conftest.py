@@ -54,6 +54,7 @@ def host_of(cluster):
     config = workdir / "ssh_config"
     config.write_text(ssh_config_text(cluster))
     cache = {}
+    unreachable = {}
 
     def get(node):
         if node.hostname not in cache:
@@ -63,6 +64,15 @@ def host_of(cluster):
                 ssh_identity_file=cluster.ssh.key_file,
                 timeout=10,
             )
+        # A node that drops packets costs one connect timeout per worker, not one per check.
+        if node.hostname in unreachable:
+            exc, tb = unreachable[node.hostname]
+            raise exc.with_traceback(tb)
+        try:
+            cache[node.hostname].backend.client  # connect now, once (a cached property)
+        except Exception as e:
+            unreachable[node.hostname] = (e, e.__traceback__)
+            raise
         return cache[node.hostname]
 
     return get
