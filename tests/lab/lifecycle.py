@@ -4,7 +4,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import network, nodes, pins, rootfs, services
+from . import hardware, network, nodes, pins, rootfs, services
 from .paths import DISKS, MIRROR_PORT, NODES
 from .shell import LabError, run
 from .spec import LabNode, LabSpec, ensure_secrets, load_spec
@@ -36,11 +36,11 @@ def prepare(cluster_path: Path) -> LabSpec:
     return spec
 
 
-def lab_files(node: LabNode, extra: dict[str, dict[str, str]]) -> dict[str, str]:
-    return extra.get(node.hostname, {})
+def lab_files(cluster_path: Path, node: LabNode) -> dict[str, str]:
+    return hardware.node_files(cluster_path).get(node.hostname, {})
 
 
-def up(cluster_path: Path, extra_files: dict | None = None, log=print) -> LabSpec:
+def up(cluster_path: Path, log=print) -> LabSpec:
     check_tools()
     t0 = time.monotonic()
     spec = prepare(cluster_path)
@@ -62,7 +62,7 @@ def up(cluster_path: Path, extra_files: dict | None = None, log=print) -> LabSpe
         if not nodes.is_running(node):
             nodes.stop(node)  # whatever is half-alive from an interrupted run
             rootfs.mount_node(node)
-            rootfs.seed_node(node, public_key, lab_files(node, extra_files or {}))
+            rootfs.seed_node(node, public_key, lab_files(cluster_path, node))
             nodes.start(spec, node)
     for node in spec.nodes:
         state = nodes.wait_ready(spec, node)
@@ -94,8 +94,7 @@ def down(cluster_path: Path, log=print) -> None:
         log("controller services stopped")
 
 
-def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False,
-             extra_files: dict | None = None, log=print) -> None:
+def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False, log=print) -> None:
     """A blank root filesystem for one node: the dead server back from the vendor."""
     spec = prepare(cluster_path)
     node = spec.node(hostname)
@@ -105,8 +104,7 @@ def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False,
         shutil.rmtree(DISKS / node.hostname, ignore_errors=True)
     network.ensure_node_network(spec, node)
     rootfs.mount_node(node)
-    rootfs.seed_node(node, Path(f"{spec.ssh_key}.pub").read_text(),
-                     lab_files(node, extra_files or {}))
+    rootfs.seed_node(node, Path(f"{spec.ssh_key}.pub").read_text(), lab_files(cluster_path, node))
     nodes.start(spec, node)
     log(f"{hostname}: {nodes.wait_ready(spec, node)} with a blank root filesystem")
 

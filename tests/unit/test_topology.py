@@ -451,3 +451,16 @@ def test_facts_through_pyinfra_local_connector(standin):
         facts[name.strip()] = json.loads(rest[: rest.rindex("}") + 1])["@local"]
     assert facts["deploy.topology.GpuTopology"]["domains"] == [list(d) for d in QUAD]
     assert facts["deploy.topology.GpuMigModes"] == {str(i): "Disabled" for i in range(8)}
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("a100-2x4", [(0, 1, 2, 3), (4, 5, 6, 7)]),
+    ("a100-nvswitch-8", [(0, 1, 2, 3, 4, 5, 6, 7)]),
+])
+def test_lab_hardware_presets_give_their_domains(standin, preset, expected):
+    from tests.lab.hardware import PRESETS
+
+    standin.set_topology(PRESETS[preset]())
+    out = standin.run("topo", "-m")
+    assert out.returncode == 0, out.stderr
+    assert [tuple(d) for d in domains(parse_topo(out.stdout))] == expected
