@@ -1,37 +1,64 @@
 """The ordered plan: the article's checklist, one role per line.
 
-Reordering or skipping a role is a one-line change here. Roles on the master come before
-the agents' so that the master is up when the agents register.
+Each host runs its roles in this order. pyinfra does not order one host's operations
+against another's (it runs them in rounds by position), so where a role depends on another
+host a barrier says so: an operation every host calls from the same line is one shared
+step that all hosts reach before any goes past it. Reordering or skipping a role is moving
+or deleting its line.
 """
 
-import importlib
-
 from pyinfra import host
+from pyinfra.api import operation
 
-ALL, MASTER, STORAGE, AGENTS = None, "master", "storage", "agent"
-
-PLAN = (
-    ("preflight", ALL),
-    ("apt_proxy", ALL),
-    ("hosts", ALL),
-    ("ipoib", ALL),
-    ("firewall", ALL),
-    ("nvidia_driver", AGENTS),
-    ("cuda", AGENTS),
-    ("nccl", AGENTS),
-    ("mofed", ALL),
-    ("minio", STORAGE),
-    ("postgresql", MASTER),
-    ("determined_master", MASTER),
-    ("docker", AGENTS),
-    ("determined_agent", AGENTS),
+from roles import (
+    apt_proxy,
+    cuda,
+    determined_agent,
+    determined_master,
+    docker,
+    firewall,
+    hosts,
+    ipoib,
+    minio,
+    mofed,
+    nccl,
+    nvidia_driver,
+    postgresql,
+    preflight,
 )
 
 
-def roles_for(node_roles, plan=PLAN) -> list[str]:
-    return [name for name, role in plan if role is None or role in node_roles]
+@operation(is_idempotent=True)
+def barrier(reason: str):
+    """No command and no change: a point every host reaches before any goes on."""
+    host.noop(reason)
+    return
+    yield
 
 
-def run(plan=PLAN) -> None:
-    for name in roles_for(host.data.node.roles, plan):
-        importlib.import_module(f"roles.{name}").apply()
+def run() -> None:
+    roles = host.data.node.roles
+    preflight.apply()
+    apt_proxy.apply()
+    hosts.apply()
+    ipoib.apply()
+    firewall.apply()
+    if "agent" in roles:
+        nvidia_driver.apply()
+    if "agent" in roles:
+        cuda.apply()
+    if "agent" in roles:
+        nccl.apply()
+    mofed.apply()
+    if "storage" in roles:
+        minio.apply()
+    if "master" in roles:
+        postgresql.apply()
+    if "master" in roles:
+        determined_master.apply()
+    if "agent" in roles:
+        docker.apply()
+    barrier(name="Master and storage ready before agents register",
+            reason="every host is past the master's roles")
+    if "agent" in roles:
+        determined_agent.apply()

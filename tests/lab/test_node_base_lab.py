@@ -5,6 +5,7 @@ import time
 from deploy.firewall import foreign_rules
 
 from .conftest import run_verify
+from .paths import LOGS
 
 
 def test_full_deploy_then_verify_green(deployed):
@@ -38,15 +39,19 @@ def test_firewall_cleared_and_stays_clear_after_reboot(deployed, deploy, lab_ssh
     # A reboot must rebuild ib0 from the node's own config (the lab wipes it like a real one).
     before = lab_ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout
     lab_ssh(node, "systemctl reboot", check=False)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180
+    probe = None
     while time.monotonic() < deadline:
-        probe = lab_ssh(node, "systemctl is-system-running --wait; cat /proc/sys/kernel/random/boot_id",
-                        check=False, timeout=60)
-        if probe.returncode in (0, 1) and probe.stdout and before not in probe.stdout:
+        probe = lab_ssh(node, "timeout 30 systemctl is-system-running --wait; "
+                        "cat /proc/sys/kernel/random/boot_id", check=False, timeout=60)
+        if probe.returncode == 0 and probe.stdout and before not in probe.stdout:
             break
         time.sleep(2)
     else:
-        raise AssertionError(f"{node} did not come back from its reboot")
+        console = (LOGS / f"{node}.console.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{node} did not come back from its reboot: last probe "
+                             f"{probe.returncode if probe else '-'} {probe.stderr if probe else ''}"
+                             f"\n--- console ---\n{console}")
     for tool in ("iptables", "ip6tables"):
         assert foreign_rules(lab_ssh(node, f"{tool}-save").stdout.splitlines()) == []
     ib0 = lab_ssh(node, "ip -br addr show ib0").stdout.split()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -78,9 +79,22 @@ def snapshot(cluster) -> dict[tuple[str, str], str]:
     return state
 
 
+def settled(cluster, timeout: float = 60) -> dict[tuple[str, str], str]:
+    """snapshot() once every service is active. Agents started before their master (the
+    deploy does not order hosts against each other) retry every 5 s until it answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = snapshot(cluster)
+        waiting = {k: v for k, v in state.items() if "ActiveState=active" not in v}
+        if not waiting:
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not active after {timeout:.0f} s: {waiting}")
+        time.sleep(2)
+
+
 def test_services_up_and_verify_green(deployed, lab):
-    for key, value in snapshot(lab).items():
-        assert "ActiveState=active" in value, f"{key} is not active: {value}"
+    settled(lab)
     with urllib.request.urlopen(
             f"http://{lab.master_node.address}:{lab.master_port}/health", timeout=10) as r:
         assert r.status == 200
@@ -94,7 +108,7 @@ def test_services_up_and_verify_green(deployed, lab):
 
 
 def test_second_deploy_changes_and_restarts_nothing(deployed, deploy, lab):
-    before = snapshot(lab)
+    before = settled(lab)
     again = deploy()
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.results["totals"]["success"] == 0, again.changed_operations()
@@ -103,7 +117,7 @@ def test_second_deploy_changes_and_restarts_nothing(deployed, deploy, lab):
 
 def test_changed_minio_settings_restart_minio_only(deployed, deploy, lab):
     storage = lab.storage_node.hostname
-    before = snapshot(lab)
+    before = settled(lab)
     # Drift on the node: the deploy puts its own file back, and only MinIO restarts for it.
     run_on(lab, storage, "echo '# edited by hand' >> /etc/default/minio")
     run = deploy(limit=storage)

@@ -424,7 +424,7 @@ def test_unresolved_secrets_for_reference_only_tools(tmp_path, monkeypatch):
     c = load_cluster(write(tmp_path, MINIMAL), resolve_secrets=False)
     assert str(c.storage.access_key.reference) == "{env: DTTEST_ACCESS_KEY}"
     with pytest.raises(RuntimeError):
-        c.storage.access_key.value  # noqa: B018
+        c.storage.access_key.value
 
 
 # --- command line ----------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """The lab cluster.yaml pins the sha256 of exactly what the lab mirror builds."""
 
+import yaml
+
 from deploy.cluster import load_cluster  # noqa: F401  (the model must import without root)
 from tests.lab import mirror
 from tests.lab.paths import DEFAULT_CLUSTER
 from tests.lab.pins import expected_pins
-import yaml
 
 
 def test_lab_cluster_pins_match_a_fresh_mirror_build(tmp_path):

@@ -1,12 +1,14 @@
 """Node-base logic that needs no node: preflight rules, hosts block, IPoIB files, firewall."""
 
+import ast
+import inspect
 import ipaddress
 from types import SimpleNamespace
 
 import pytest
 
+from deploy import site
 from deploy.firewall import foreign_rules
-from deploy.site import PLAN, roles_for
 from roles.apt_proxy import apt_conf
 from roles.hosts import hosts_block
 from roles.ipoib import ifupdown_stanza, netplan_doc
@@ -118,9 +120,25 @@ def test_drop_policy_and_input_rules_are_firewall():
                                    "filter: -A INPUT -p tcp --dport 22 -j ACCEPT"]
 
 
-def test_plan_runs_master_roles_before_agent_roles():
-    names = [name for name, _ in PLAN]
-    assert names.index("determined_master") < names.index("determined_agent")
-    assert roles_for({"agent"})[:5] == ["preflight", "apt_proxy", "hosts", "ipoib", "firewall"]
-    assert "determined_master" not in roles_for({"agent"})
-    assert "nvidia_driver" not in roles_for({"master", "storage"})
+def _plan() -> list[tuple[str, str | None]]:
+    """(role, guarding node role or None) in the order site.run() applies them."""
+    steps = []
+    for stmt in ast.parse(inspect.getsource(site.run)).body[0].body:
+        guard = None
+        if isinstance(stmt, ast.If):
+            guard, stmt = stmt.test.left.value, stmt.body[0]
+        call = getattr(stmt, "value", None)
+        if isinstance(call, ast.Call):
+            func = call.func
+            steps.append((func.value.id if isinstance(func, ast.Attribute) else func.id, guard))
+    return steps
+
+
+def test_plan_follows_the_articles_checklist():
+    assert _plan() == [
+        ("preflight", None), ("apt_proxy", None), ("hosts", None), ("ipoib", None),
+        ("firewall", None), ("nvidia_driver", "agent"), ("cuda", "agent"), ("nccl", "agent"),
+        ("mofed", None), ("minio", "storage"), ("postgresql", "master"),
+        ("determined_master", "master"), ("docker", "agent"), ("barrier", None),
+        ("determined_agent", "agent"),
+    ]

@@ -245,7 +245,7 @@ def test_collection_error_is_reported(pytester):
 def _raised(fn):
     try:
         fn()
-    except BaseException as e:  # noqa: BLE001 - the exception itself is under test
+    except BaseException as e:
         return e
     raise AssertionError("did not raise")
 
