@@ -11,7 +11,20 @@ import pytest
 
 from .paths import DEFAULT_CLUSTER, REPO
 
-LAB_INVENTORY = REPO / "inventories" / "lab.py"
+# DTLAB_CLUSTER runs the lab tests on another lab (its own cluster.yaml, subnet, hostnames).
+LAB_CLUSTER = Path(os.environ.get("DTLAB_CLUSTER", DEFAULT_CLUSTER))
+
+
+def _inventory_for(cluster: Path) -> Path:
+    if cluster == DEFAULT_CLUSTER:
+        return REPO / "inventories" / "lab.py"
+    inventory = cluster.with_name("inventory_dtlab.py")
+    inventory.write_text("from deploy.inventory import groups\n"
+                         f"globals().update(groups({str(cluster)!r}))\n")
+    return inventory
+
+
+LAB_INVENTORY = _inventory_for(LAB_CLUSTER)
 # The pyinfra of the interpreter running the tests (the project's .venv in CI).
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 
@@ -61,10 +74,10 @@ def lab():
 
     from . import lifecycle
 
-    lifecycle.up(DEFAULT_CLUSTER)
-    yield load_cluster(DEFAULT_CLUSTER)
+    lifecycle.up(LAB_CLUSTER)
+    yield load_cluster(LAB_CLUSTER)
     if not os.environ.get("DTLAB_KEEP"):
-        lifecycle.down(DEFAULT_CLUSTER)
+        lifecycle.down(LAB_CLUSTER)
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +99,7 @@ def lab_ssh(lab):
     from . import nodes
     from .spec import load_spec
 
-    spec = load_spec(DEFAULT_CLUSTER)
+    spec = load_spec(LAB_CLUSTER)
 
     def ssh(hostname: str, command: str, check: bool = True, timeout: float = 300):
         proc = subprocess.run(nodes.ssh_argv(spec, spec.node(hostname), command),
@@ -98,7 +111,7 @@ def lab_ssh(lab):
     return ssh
 
 
-def run_verify(*args, cluster=DEFAULT_CLUSTER) -> subprocess.CompletedProcess:
+def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify",
          "--cluster", str(cluster), *args],

@@ -20,17 +20,18 @@ def test_second_deploy_changes_nothing(deployed, deploy):
     assert again.results["totals"]["error"] == 0
 
 
-def test_hosts_lines_outside_the_block_survive(deployed, deploy, lab_ssh):
-    lab_ssh("lab-gpu2", "echo '10.77.0.99 printer.example' >> /etc/hosts")
-    run = deploy(limit="lab-gpu2")
+def test_hosts_lines_outside_the_block_survive(deployed, deploy, lab_ssh, lab):
+    node = lab.agents[1]
+    lab_ssh(node.hostname, "echo '192.0.2.99 printer.example' >> /etc/hosts")
+    run = deploy(limit=node.hostname)
     assert run.returncode == 0, run.stderr[-3000:]
-    hosts = lab_ssh("lab-gpu2", "cat /etc/hosts").stdout
-    assert "10.77.0.99 printer.example" in hosts
-    assert "10.77.0.12\tlab-gpu2" in hosts
+    hosts = lab_ssh(node.hostname, "cat /etc/hosts").stdout
+    assert "192.0.2.99 printer.example" in hosts
+    assert f"{node.address}\t{node.hostname}" in hosts
 
 
 def test_firewall_cleared_and_stays_clear_after_reboot(deployed, deploy, lab_ssh, lab):
-    node = "lab-gpu3"
+    node = lab.agents[-1].hostname
     lab_ssh(node, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw && ufw allow 22/tcp && ufw --force enable")
     assert int(lab_ssh(node, "iptables -S | wc -l").stdout) > 3
     run = deploy(limit=node)
