@@ -9,6 +9,8 @@ import sys
 
 from pyinfra.api.state import BaseStateCallback
 
+from deploy.topology import run_summary_lines
+
 _installed_on: set[int] = set()
 
 
@@ -58,7 +60,7 @@ class FailureSummary(BaseStateCallback):
                 failed[h.name] = "unreachable: SSH connection failed"
             else:
                 failed[h.name] = self.reasons.get(h.name, "failed")
-        for line in summary_lines(failed, sys.argv):
+        for line in run_summary_lines(state) + summary_lines(failed, sys.argv):
             print(line, file=sys.stderr)
 
 

@@ -441,3 +441,64 @@ class GpuMigModes(FactBase):
 
     def process(self, output):
         return parse_mig_modes(output)
+
+
+# ---------------------------------------------------------------------------- run summary
+
+@dataclass(frozen=True)
+class Observed:
+    """One agent node's topology as a deploy read it while it ran (after the driver role)."""
+    layout: str
+    domains: tuple[tuple[int, ...], ...]  # () when nvidia-smi gave no matrix
+    detail: str | None = None  # why there are no domains
+
+
+# id(pyinfra State) -> {hostname: Observed}; filled by roles/determined_agent.py during
+# execution, printed by deploy/summary.py when the run ends.
+_OBSERVED: dict[int, dict[str, Observed]] = {}
+
+
+def record_domains(state, hostname: str, layout: str, topology: Topology) -> None:
+    found = tuple(domains(topology))
+    detail = None if found else (topology.detail or f"nvidia-smi topo -m: {topology.status}")
+    _OBSERVED.setdefault(id(state), {})[hostname] = Observed(layout, found, detail)
+
+
+def summary_lines(observed: dict[str, Observed], agents: list[str]) -> list[str]:
+    """The closing lines of a deploy: each agent node's domains and the trial size that fits.
+
+    `agents`: every agent node of the cluster, so that a node this run did not measure (it
+    failed before its agent role, or --limit left it out) is named instead of silently
+    leaving the number to the others.
+    """
+    if not observed:
+        return []
+    shown = []
+    for hostname in sorted(observed):
+        seen = observed[hostname]
+        sizes = "+".join(str(len(d)) for d in seen.domains) or f"none ({seen.detail})"
+        shown.append(f"{hostname} {sizes} ({seen.layout})")
+    lines = [f"--> NVLink domains (GPUs each): {', '.join(shown)}"]
+    measured = {h: o.domains for h, o in observed.items() if o.domains}
+    missing = sorted(set(agents) - set(measured))
+    if not measured:
+        lines.append("--> largest slots_per_trial inside one NVLink domain: unknown (no agent "
+                     "node's topology was read)")
+        return lines
+    size = largest_trial_slots(measured)
+    where = "every agent node" if not missing else \
+        f"the {len(measured)} agent nodes read (not read: {', '.join(missing)})"
+    lines.append(f"--> largest slots_per_trial inside one NVLink domain on {where}: {size}")
+    split = sorted(h for h, o in observed.items()
+                   if o.layout == "per_node" and len(o.domains) > 1)
+    if split:
+        lines.append(f"    not enforced on {', '.join(split)} (agent_layout per_node: one agent "
+                     "offers all its GPUs, a trial may span domains)")
+    return lines
+
+
+def run_summary_lines(state) -> list[str]:
+    """summary_lines for a pyinfra run (called once, when its last host disconnects)."""
+    agents = [h.name for h in state.inventory
+              if "agent" in getattr(getattr(h.data, "node", None), "roles", ())]
+    return summary_lines(_OBSERVED.pop(id(state), {}), agents)

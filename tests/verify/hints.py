@@ -150,8 +150,9 @@ HINTS: dict[str, Hint] = {
         "agent.yaml has unknown keys, or master_host / master_port are not the master's",
         REDEPLOY + "; master_port defaults to 80 when agent.yaml omits it"),
     "test_agent_service": Hint(
-        "determined-agent is not running",
-        "journalctl -u determined-agent on {node}; `systemctl status docker`"),
+        "determined-agent is not running (per_domain nodes: a determined-agent@<i> instance)",
+        "journalctl -u determined-agent on {node} (per_domain: -u 'determined-agent@*'); "
+        "`systemctl status docker`"),
     "test_agent_reaches_master_port": Hint(
         "the agent cannot connect to master_host:master_port",
         "`getent hosts MASTER` on {node} (/etc/hosts block); firewall; "
@@ -160,6 +161,28 @@ HINTS: dict[str, Hint] = {
         "agent not registered with the master, or with the wrong number of slots",
         "journalctl -u determined-agent on {node}; master_port defaults to 80 when absent; "
         "`nvidia-smi -L` for the slots"),
+    # --- test_topology_agents.py ------------------------------------------------------------
+    "test_agents_registered_with_domain_slots": Hint(
+        "the node's enabled agents are not one per NVLink domain (per_domain) or the one "
+        "per-node agent, or their slots differ from the domains in `nvidia-smi topo -m`",
+        "`systemctl list-units 'determined-agent*'` and `nvidia-smi topo -m` on {node}; "
+        "journalctl -u 'determined-agent@*' on {node}; " + REDEPLOY),
+    "test_agent_configs_cover_each_gpu_once": Hint(
+        "the visible_gpus of {node}'s agent configs leave a GPU out, offer one twice, or do "
+        "not follow its NVLink domains: trials may span domains or wait for slots forever",
+        "compare /etc/determined/agent-*.yaml with `nvidia-smi topo -m` on {node} (a GPU "
+        "fallen off the bus shows there first); " + REDEPLOY),
+    "test_agent_units_match_layout": Hint(
+        "agent units do not match agent_layout: a stale determined-agent@ instance, or the "
+        "per-node determined-agent.service running beside per-domain agents (GPUs offered "
+        "twice)",
+        "`systemctl list-units --all 'determined-agent*'` on {node}; " + REDEPLOY
+        + " (it stops and removes what the layout does not use)"),
+    "test_no_unexpected_agent_enabled": Hint(
+        "an enabled agent that no node's layout and topology account for (stale agent from an "
+        "earlier layout, or a node gone from cluster.yaml)",
+        "GET /api/v1/agents; stop that agent's unit on its node (`systemctl disable --now`); "
+        "a stopped agent stays listed as disabled for agent_reconnect_wait (25 s)"),
 }
 
 FALLBACK = Hint(

@@ -9,6 +9,7 @@ Secret values never reach an assertion message (comparisons become booleans firs
 """
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -170,19 +171,32 @@ def test_docker_with_nvidia_runtime(agent, host_of):
 
 
 def test_agent_yaml(agent, host_of, cluster):
-    config = _read_yaml(host_of(agent), "/etc/determined/agent.yaml")
-    assert unknown_keys(config, KNOWN_AGENT) == []
-    assert config["master_host"] == cluster.master_host
-    # Always written: without it the agent dials port 80, not the master's port.
-    assert config["master_port"] == cluster.master_port
-    assert config["agent_id"] == agent.hostname
-    assert config["resource_pool"] == cluster.determined.resource_pool
-    assert config["slot_type"] == cluster.determined.slot_type
+    # per_node: agent.yaml; per_domain: /etc/determined/agent-<i>.yaml, one per NVLink domain.
+    from tests.verify.test_topology_agents import agent_configs, expected_agent_id
+
+    configs = agent_configs(host_of(agent), agent)
+    assert configs, f"no agent configuration for agent_layout {agent.agent_layout}"
+    for path, config in configs.items():
+        assert unknown_keys(config, KNOWN_AGENT) == [], path
+        assert config["master_host"] == cluster.master_host, path
+        # Always written: without it the agent dials port 80, not the master's port.
+        assert config["master_port"] == cluster.master_port, path
+        assert config["agent_id"] == expected_agent_id(agent, path), path
+        assert config["resource_pool"] == cluster.determined.resource_pool, path
+        assert config["slot_type"] == cluster.determined.slot_type, path
 
 
 def test_agent_service(agent, host_of):
-    service = host_of(agent).service("determined-agent")
-    assert service.is_enabled and service.is_running
+    # per_domain nodes run determined-agent@<i> instead (test_topology_agents.py checks them).
+    from tests.verify.test_topology_agents import domain_config_paths
+
+    h = host_of(agent)
+    units = (["determined-agent"] if agent.agent_layout == "per_node" else
+             [f"determined-agent@{i}" for i in sorted(domain_config_paths(h), key=int)])
+    assert units, "no per-domain agent configuration on a per_domain node"
+    for unit in units:
+        service = h.service(unit)
+        assert service.is_enabled and service.is_running, f"{unit} not enabled and running"
 
 
 def test_agent_reaches_master_port(agent, host_of, cluster):
@@ -193,24 +207,11 @@ def test_agent_reaches_master_port(agent, host_of, cluster):
                            f"{cluster.master_port}: {result.stderr.strip()}"
 
 
-@pytest.fixture(scope="module")
-def registered_agents(cluster):
-    """{agent id: agent} from GET /api/v1/agents, once every agent of cluster.yaml is listed
-    or after REGISTRATION_WAIT seconds (an agent started before the master retries every 5 s)."""
-    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
-                         {"username": "admin",
-                          "password": cluster.determined.admin_password.value})
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    token = body["token"]
-    expected = {n.hostname for n in cluster.agents}
-    deadline = time.monotonic() + REGISTRATION_WAIT
-    while True:
-        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
-        assert status == 200, f"GET /api/v1/agents -> {status}"
-        agents = {a["id"]: a for a in body.get("agents") or []}
-        if expected <= set(agents) or time.monotonic() > deadline:
-            return agents
-        time.sleep(2)
+def _agents_of(node, agents: dict) -> dict:
+    """The registered agents the deploy gives this node: id = hostname (agent_layout per_node)
+    or hostname-<i> (per_domain, one per NVLink domain)."""
+    pattern = re.compile(re.escape(node.hostname) + r"(-[0-9]+)?")
+    return {i: a for i, a in agents.items() if pattern.fullmatch(i)}
 
 
 def _slot_count(slots) -> int:
@@ -218,10 +219,40 @@ def _slot_count(slots) -> int:
     return slots if isinstance(slots, int) else len(slots or ())
 
 
+def _enabled_slots(node, agents: dict) -> int:
+    return sum(_slot_count(a.get("slots")) for a in _agents_of(node, agents).values()
+               if a.get("enabled", True))
+
+
+@pytest.fixture(scope="module")
+def registered_agents(cluster):
+    """{agent id: agent} from GET /api/v1/agents, once every agent node's enabled agents
+    offer its slots, or after REGISTRATION_WAIT seconds (an agent started before the master
+    retries every 5 s)."""
+    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
+                         {"username": "admin",
+                          "password": cluster.determined.admin_password.value})
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    token = body["token"]
+    deadline = time.monotonic() + REGISTRATION_WAIT
+    while True:
+        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
+        assert status == 200, f"GET /api/v1/agents -> {status}"
+        agents = {a["id"]: a for a in body.get("agents") or []}
+        if all(_enabled_slots(n, agents) == n.slots for n in cluster.agents) \
+                or time.monotonic() > deadline:
+            return agents
+        time.sleep(2)
+
+
 def test_agent_registered_with_its_slots(agent, registered_agents):
-    assert agent.hostname in registered_agents, (
-        f"{agent.hostname} is not registered (have: {sorted(registered_agents)}); "
-        f"journalctl -u determined-agent on {agent.hostname}")
-    registered = registered_agents[agent.hostname]
-    assert registered.get("enabled", True)
-    assert _slot_count(registered.get("slots")) == agent.slots
+    # Disabled agents are ones stopped within agent_reconnect_wait (25 s): the master still
+    # lists them after a layout change; they offer nothing.
+    mine = {i: a for i, a in _agents_of(agent, registered_agents).items()
+            if a.get("enabled", True)}
+    assert mine, (f"{agent.hostname} has no enabled agent (have: {sorted(registered_agents)}); "
+                  f"journalctl -u 'determined-agent*' on {agent.hostname}")
+    if agent.agent_layout == "per_node":
+        assert sorted(mine) == [agent.hostname]
+    # slots is the node's GPU count: per_domain agents share it out, one domain each.
+    assert _enabled_slots(agent, registered_agents) == agent.slots

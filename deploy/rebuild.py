@@ -1,0 +1,258 @@
+"""Rebuild one node: `python -m deploy.rebuild INVENTORY NODE [pyinfra options]`.
+
+The node may be a blank reinstall (the dead server back from the vendor) or a working node
+being reinstalled. The command
+1. takes the node's Determined agents out of scheduling on the master (POST
+   /api/v1/agents/{id}/disable with an admin token), so no trial is placed on it while the
+   deploy restarts its agent; an agent the master already lost (dead node) needs nothing;
+2. runs `pyinfra -y INVENTORY deploy.py --limit NODE [pyinfra options]` from the repository;
+3. waits until the node's agents are registered again, enables them (POST .../enable) and
+   confirms they are enabled. For the master node it waits for the master's /health and for
+   every agent node to be registered again (the agents reconnect on their own).
+Other nodes are not touched. If the deploy fails the agents stay disabled: fix the cause and
+run the same command again.
+
+Options other than --timeout go to pyinfra (e.g. -v, --json: this command's own messages go
+to stderr, so stdout stays pyinfra's). The admin login is `admin` with
+determined.admin_password from cluster.yaml; DET_USER / DET_PASS override it, as for the
+`det` CLI, when the password was changed after the first boot. Exit status: pyinfra's when
+the deploy fails, 3 when the deploy passed but the agents were not confirmed, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from deploy.cluster import Cluster, Node
+
+REPO = Path(__file__).resolve().parent.parent
+NOT_CONFIRMED = 3
+
+
+def say(message: str) -> None:
+    print(f"--> rebuild: {message}", file=sys.stderr, flush=True)
+
+
+class MasterError(Exception):
+    """The master did not answer, or answered with an error."""
+
+
+class Master:
+    """The few REST calls a rebuild needs (Determined 0.38's /api/v1)."""
+
+    def __init__(self, cluster: Cluster, timeout: float = 10):
+        self.url = f"http://{cluster.master_node.address}:{cluster.master_port}"
+        self.username = os.environ.get("DET_USER") or "admin"
+        # Read only when a login happens; never printed.
+        self._password = os.environ.get("DET_PASS") or cluster.determined.admin_password.value
+        self.timeout = timeout
+        self.token: str | None = None
+
+    def request(self, method: str, path: str, body: dict | None = None,
+                auth: bool = True) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.login()}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                detail = json.loads(raw)["error"]["error"]
+            except (ValueError, KeyError, TypeError):
+                detail = raw.decode(errors="replace")[:200]
+            raise MasterError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        except (OSError, urllib.error.URLError) as e:
+            raise MasterError(f"{self.url} does not answer: {getattr(e, 'reason', e)}") from None
+        return json.loads(raw) if raw else {}
+
+    def login(self) -> str:
+        if self.token is None:
+            body = {"username": self.username, "password": self._password}
+            try:
+                self.token = self.request("POST", "/api/v1/auth/login", body, auth=False)["token"]
+            except MasterError as e:
+                raise MasterError(f"login as {self.username} failed ({e}); if the admin password "
+                                  "was changed after the first boot, set DET_USER/DET_PASS") from None
+        return self.token
+
+    def healthy(self) -> bool:
+        try:
+            return self.request("GET", "/health", auth=False).get("status") == "up"
+        except MasterError:
+            return False
+
+    def agents(self) -> list[dict]:
+        return self.request("GET", "/api/v1/agents")["agents"]
+
+    def disable(self, agent_id: str) -> dict:
+        # drain=false: whatever still runs there is killed and rescheduled elsewhere from its
+        # last checkpoint; the node is about to be wiped anyway.
+        return self.request("POST", f"/api/v1/agents/{agent_id}/disable", {"drain": False})["agent"]
+
+    def enable(self, agent_id: str) -> dict:
+        return self.request("POST", f"/api/v1/agents/{agent_id}/enable")["agent"]
+
+
+def agents_of(node: Node, agents: list[dict]) -> list[dict]:
+    """The node's agents: id `<hostname>` (per_node) or `<hostname>-<i>` (per_domain), or
+    connected from the node's management address."""
+    pattern = re.compile(rf"{re.escape(node.hostname)}(-\d+)?")
+    return [a for a in agents
+            if pattern.fullmatch(a["id"]) or str(node.address) in (a.get("addresses") or [])]
+
+
+def cluster_of(inventory: Path) -> Cluster:
+    """The cluster an inventory module was built from (deploy.inventory.groups)."""
+    namespace = runpy.run_path(str(inventory))
+    for value in namespace.values():
+        if isinstance(value, list):
+            for entry in value:
+                if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
+                    if isinstance(entry[1].get("cluster"), Cluster):
+                        return entry[1]["cluster"]
+    raise SystemExit(f"{inventory}: not an inventory built by deploy.inventory.groups()")
+
+
+def pyinfra_argv(inventory: Path, hostname: str, extra: list[str]) -> list[str]:
+    beside = Path(sys.executable).parent / "pyinfra"
+    exe = str(beside) if beside.exists() else (shutil.which("pyinfra") or "pyinfra")
+    return [exe, "-y", str(inventory), "deploy.py", "--limit", hostname, *extra]
+
+
+def take_out_of_service(master: Master, node: Node) -> list[str]:
+    """Disable the node's agents; returns their ids (the ones to expect back)."""
+    try:
+        found = agents_of(node, master.agents())
+    except MasterError as e:
+        say(f"cannot reach the master to disable {node.hostname}'s agents, going on: {e}")
+        return []
+    if not found:
+        say(f"the master lists no agent of {node.hostname}")
+    for agent in found:
+        try:
+            master.disable(agent["id"])
+            say(f"agent {agent['id']} disabled")
+        except MasterError as e:
+            # A dead node's agent awaits its reconnect or is gone: nothing is scheduled there.
+            say(f"agent {agent['id']} not disabled ({e}); it is not connected")
+    return [a["id"] for a in found]
+
+
+def wait(predicate, timeout: float, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def registered(master: Master, node: Node, expected: list[str]) -> list[dict] | None:
+    """The node's agents once at least one (and every expected id) is connected."""
+    try:
+        found = [a for a in agents_of(node, master.agents()) if a.get("addresses")]
+    except MasterError:
+        return None
+    ids = {a["id"] for a in found}
+    if not found or not set(expected) <= ids:
+        return None
+    return found
+
+
+def back_in_service(master: Master, node: Node, expected: list[str], timeout: float) -> bool:
+    found = wait(lambda: registered(master, node, expected), timeout)
+    if not found:
+        say(f"{node.hostname}: no agent registered with the master within {timeout:.0f} s "
+            f"(expected {', '.join(expected) or 'at least one'}); check "
+            "`journalctl -u 'determined-agent*'` on the node")
+        return False
+    time.sleep(3)  # agents of one node start together: let the others of a per_domain node in
+    found = registered(master, node, expected) or found
+    ok = True
+    for agent in found:
+        try:
+            enabled = master.enable(agent["id"])["enabled"]
+        except MasterError as e:
+            say(f"agent {agent['id']} not enabled: {e}")
+            ok = False
+            continue
+        slots = len(agent.get("slots") or {})
+        say(f"agent {agent['id']} registered ({slots} slots) and {'enabled' if enabled else 'NOT enabled'}")
+        ok = ok and enabled
+    return ok
+
+
+def master_back(master: Master, cluster: Cluster, timeout: float) -> bool:
+    if not wait(master.healthy, timeout):
+        say(f"the master at {master.url} is not healthy after {timeout:.0f} s")
+        return False
+    ok = True
+    for node in cluster.agents:
+        found = wait(lambda n=node: registered(master, n, []), timeout)
+        if found:
+            say(f"{node.hostname}: {', '.join(a['id'] for a in found)} registered again")
+        else:
+            say(f"{node.hostname}: no agent registered again within {timeout:.0f} s")
+            ok = False
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.rebuild", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inventory", type=Path, help="e.g. inventories/prod.py")
+    parser.add_argument("node", help="hostname of the node to rebuild, as in cluster.yaml")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds to wait for the master and agents after the deploy")
+    args, extra = parser.parse_known_args(argv)
+    inventory = args.inventory.resolve()
+    if not inventory.exists():
+        parser.error(f"{args.inventory}: no such inventory file")
+    cluster = cluster_of(inventory)
+    try:
+        node = cluster.node(args.node)
+    except KeyError:
+        names = ", ".join(n.hostname for n in cluster.nodes)
+        parser.error(f"{args.node}: not a node of {cluster.path} ({names})")
+
+    master = Master(cluster)
+    expected = take_out_of_service(master, node) if "agent" in node.roles else []
+
+    argv_ = pyinfra_argv(inventory, node.hostname, extra)
+    say(f"deploying {node.hostname}: {' '.join(argv_)}")
+    rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL).returncode
+    if rc != 0:
+        say(f"the deploy of {node.hostname} failed (exit status {rc})"
+            + ("; its agents stay disabled" if expected else "")
+            + f"; fix the cause and re-run: python -m deploy.rebuild {args.inventory} {node.hostname}")
+        return rc
+
+    ok = True
+    if "agent" in node.roles:
+        ok = back_in_service(master, node, expected, args.timeout)
+    if "master" in node.roles:
+        ok = master_back(master, cluster, args.timeout) and ok
+    if not ok:
+        return NOT_CONFIRMED
+    say(f"{node.hostname} rebuilt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Topology-aware agents: each node's agents match its NVLink domains (docs/topology.md).
+
+Expected values come from two places: the node's `agent_layout` in cluster.yaml, and the
+node's own `nvidia-smi topo -m`, grouped into domains by deploy.topology, the same code the
+deploy uses. So a check fails when the deploy and the hardware disagree (a GPU gone, a
+topology that changed since the deploy), not only when a file differs from a template.
+
+Stale agents: a stopped agent closes its connection and the master keeps listing it, disabled,
+for the resource pool's agent_reconnect_wait (25 s by default) before it drops it. The checks
+judge ENABLED agents only, so they hold right after a deploy that switched a node's layout; a
+disabled leftover is not a fault. An enabled agent nobody expects is one still running
+somewhere (or one that did not say goodbye and has not timed out yet).
+"""
+
+import re
+import time
+
+import pytest
+import yaml
+
+from deploy.topology import OK, agent_plan, domains, parse_topo
+from tests.verify.test_determined import REGISTRATION_WAIT, _http, _master_url, _slot_count
+
+AGENT_YAML = "/etc/determined/agent.yaml"
+PLAIN_UNIT = "determined-agent.service"
+_DOMAIN_CONFIG = re.compile(r"^/etc/determined/agent-([0-9]+)\.yaml$")
+
+
+# --- what a node has and should have ---------------------------------------------------------
+
+def node_domains(host) -> list[tuple[int, ...]]:
+    """The node's NVLink domains from its own `nvidia-smi topo -m`."""
+    topology = parse_topo(host.run("nvidia-smi topo -m").stdout)
+    assert topology.status == OK, (
+        f"nvidia-smi topo -m gave no matrix ({topology.status}: {topology.detail})")
+    return domains(topology)
+
+
+def expected_agents(host, node) -> dict[str, int]:
+    """{agent_id: slots} the node should register, by its layout and its measured domains."""
+    return {a.agent_id: a.slots for a in agent_plan(node.hostname, node_domains(host),
+                                                      node.agent_layout)}
+
+
+def domain_config_paths(host) -> dict[str, str]:
+    """{instance index: path} of the per-domain agent configs present on the node."""
+    listed = host.run("ls -1d /etc/determined/agent-*.yaml 2>/dev/null").stdout.split()
+    return {m.group(1): path for path in listed if (m := _DOMAIN_CONFIG.match(path))}
+
+
+def agent_configs(host, node) -> dict[str, dict]:
+    """{path: parsed YAML} of the configs of the agents the node's layout runs."""
+    if node.agent_layout == "per_node":
+        paths = [AGENT_YAML]
+    else:
+        paths = [domain_config_paths(host)[i]
+                 for i in sorted(domain_config_paths(host), key=int)]
+    return {p: yaml.safe_load(host.file(p).content_string) or {} for p in paths}
+
+
+def expected_agent_id(node, path: str) -> str:
+    m = _DOMAIN_CONFIG.match(path)
+    return node.hostname if m is None else f"{node.hostname}-{m.group(1)}"
+
+
+def units_up(host, pattern: str) -> list[str]:
+    """Loaded units matching `pattern` that run or are about to (Restart= pending)."""
+    out = host.run(f"systemctl list-units --all --plain --no-legend --no-pager '{pattern}'")
+    return sorted(line.split()[0] for line in out.stdout.splitlines()
+                  if line.split() and line.split()[2] in ("active", "activating", "reloading"))
+
+
+def units_enabled(host, pattern: str) -> list[str]:
+    out = host.run(f"ls -1 /etc/systemd/system/*.wants/{pattern} 2>/dev/null")
+    return sorted(path.rsplit("/", 1)[-1] for path in out.stdout.split())
+
+
+def belongs_to(agent_id: str, node) -> bool:
+    """An id the deploy gives one of this node's agents: hostname or hostname-<i>."""
+    return agent_id == node.hostname or re.fullmatch(
+        re.escape(node.hostname) + r"-[0-9]+", agent_id) is not None
+
+
+# --- the master's view -----------------------------------------------------------------------
+
+def _enabled(agents: list[dict]) -> dict[str, int]:
+    return {a["id"]: _slot_count(a.get("slots")) for a in agents if a.get("enabled", True)}
+
+
+@pytest.fixture(scope="module")
+def enabled_agents(cluster, host_of):
+    """{agent_id: slots} of the ENABLED agents in GET /api/v1/agents, once they are what the
+    cluster's reachable nodes expect, or after REGISTRATION_WAIT seconds (an agent restarted by
+    the deploy reconnects within a few seconds; a stale one may still be saying goodbye)."""
+    expected: dict[str, int] = {}
+    for node in cluster.agents:
+        try:
+            expected.update(expected_agents(host_of(node), node))
+        except Exception:  # that node's own checks report why
+            pass
+    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
+                         {"username": "admin",
+                          "password": cluster.determined.admin_password.value})
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    token = body["token"]
+    deadline = time.monotonic() + REGISTRATION_WAIT
+    while True:
+        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
+        assert status == 200, f"GET /api/v1/agents -> {status}"
+        enabled = _enabled(body.get("agents") or [])
+        if enabled == expected or time.monotonic() > deadline:
+            return enabled
+        time.sleep(2)
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+def test_agents_registered_with_domain_slots(agent, host_of, enabled_agents):
+    """Exactly the node's planned agents are enabled in the master, each with its slots."""
+    expected = expected_agents(host_of(agent), agent)
+    registered = {i: s for i, s in enabled_agents.items() if belongs_to(i, agent)}
+    assert registered == expected, (
+        f"{agent.hostname} ({agent.agent_layout}): enabled agents {registered}, expected "
+        f"{expected} from nvidia-smi topo -m")
+
+
+def test_agent_configs_cover_each_gpu_once(agent, host_of):
+    """The visible_gpus of the node's agent configs are its domains (per_domain) or all of
+    its GPUs (per_node), so that every GPU is offered by exactly one agent."""
+    h = host_of(agent)
+    found = node_domains(h)
+    every = sorted(g for d in found for g in d)
+    configs = agent_configs(h, agent)
+    assert configs, f"{agent.hostname}: no agent config for layout {agent.agent_layout}"
+    offered: dict[str, tuple[int, ...]] = {}
+    for path, config in configs.items():
+        assert config.get("agent_id") == expected_agent_id(agent, path), path
+        visible = config.get("visible_gpus")
+        if visible is None or str(visible).strip() == "":
+            offered[path] = tuple(every)  # the agent takes every GPU nvidia-smi lists
+        else:
+            offered[path] = tuple(sorted(int(g) for g in str(visible).split(",")))
+    gpus = sorted(g for gs in offered.values() for g in gs)
+    assert gpus == every, (
+        f"{agent.hostname}: GPUs offered by the agents {offered} must cover {every} once each")
+    if agent.agent_layout == "per_domain":
+        assert sorted(offered.values()) == sorted(found), (
+            f"{agent.hostname}: agent GPU sets {sorted(offered.values())} are not the NVLink "
+            f"domains {found}")
+
+
+def test_agent_units_match_layout(agent, host_of):
+    """per_node: the package's unit only; per_domain: one template instance per config and
+    the package's unit off. Nothing else running or enabled."""
+    h = host_of(agent)
+    plain = h.service(PLAIN_UNIT)
+    instances_up = units_up(h, "determined-agent@*.service")
+    instances_enabled = units_enabled(h, "determined-agent@*.service")
+    if agent.agent_layout == "per_node":
+        assert plain.is_enabled and plain.is_running, f"{PLAIN_UNIT} not enabled and running"
+        assert (instances_up, instances_enabled) == ([], []), (
+            f"per-domain agents left on a per_node node: running {instances_up}, "
+            f"enabled {instances_enabled}")
+        assert domain_config_paths(h) == {}, "per-domain agent configs left behind"
+        return
+    assert not plain.is_enabled and not plain.is_running, (
+        f"{PLAIN_UNIT} must be stopped and disabled on a per_domain node")
+    wanted = sorted(f"determined-agent@{i}.service" for i in domain_config_paths(h))
+    assert wanted, "no /etc/determined/agent-<i>.yaml on a per_domain node"
+    assert instances_enabled == wanted, f"enabled {instances_enabled}, configs for {wanted}"
+    assert instances_up == wanted, f"running {instances_up}, configs for {wanted}"
+    assert units_up(h, PLAIN_UNIT) == []
+
+
+def test_no_unexpected_agent_enabled(cluster, host_of, enabled_agents):
+    """Cluster-wide: every enabled agent is one the cluster file and the topology expect
+    (catches a stale agent from an earlier layout, or from a node no longer in cluster.yaml)."""
+    expected: set[str] = set()
+    for node in cluster.agents:
+        expected |= set(expected_agents(host_of(node), node))
+    unexpected = sorted(set(enabled_agents) - expected)
+    assert unexpected == [], f"enabled agents nobody expects: {unexpected}"
