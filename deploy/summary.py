@@ -40,15 +40,52 @@ def summary_lines(failed: dict[str, str], argv: list[str]) -> list[str]:
     return lines
 
 
+MAX_DETAIL = 200  # one line of the failed command's stderr, enough to say why
+
+
+def connection_lost(host) -> bool:
+    """The host's SSH transport is gone (sshd stopped, node down or rebooted mid-run)."""
+    client = getattr(host.connector, "client", None)
+    if client is None:
+        return False
+    transport = client.get_transport()
+    return transport is None or not transport.is_active()
+
+
+def last_stderr_line(state, host, op_hash) -> str:
+    """The failed command's last stderr line: pyinfra printed it above already, this only
+    repeats it next to the re-run command (the deploy keeps secrets out of commands)."""
+    try:
+        lines = state.ops[host][op_hash].operation_meta.stderr_lines
+    except (KeyError, RuntimeError, AssertionError, AttributeError):
+        return ""
+    lines = [line.strip() for line in lines if line.strip()]
+    return lines[-1][:MAX_DETAIL] if lines else ""
+
+
 class FailureSummary(BaseStateCallback):
     def __init__(self):
         self.reasons: dict[str, str] = {}
+        self.failed_ops: dict[str, str] = {}
         self.disconnected = 0
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
         if host.name not in self.reasons:
-            names = state.get_op_meta(op_hash).names
-            self.reasons[host.name] = f"failed at '{', '.join(sorted(names))}'"
+            at = f"'{', '.join(sorted(state.get_op_meta(op_hash).names))}'"
+            if connection_lost(host):
+                self.reasons[host.name] = f"SSH connection lost at {at}"
+            else:
+                self.reasons[host.name] = f"failed at {at}"
+                self.failed_ops[host.name] = op_hash
+
+    def reason(self, state, host) -> str:
+        reason = self.reasons.get(host.name, "failed")
+        if host.name in self.failed_ops:
+            # Read once the operation is complete (its output is attached after this callback).
+            detail = last_stderr_line(state, host, self.failed_ops[host.name])
+            if detail:
+                reason += f": {detail}"
+        return reason
 
     def host_disconnect(self, state, host):
         self.disconnected += 1
@@ -59,7 +96,7 @@ class FailureSummary(BaseStateCallback):
             if h not in state.activated_hosts:
                 failed[h.name] = "unreachable: SSH connection failed"
             else:
-                failed[h.name] = self.reasons.get(h.name, "failed")
+                failed[h.name] = self.reason(state, h)
         for line in run_summary_lines(state) + summary_lines(failed, sys.argv):
             print(line, file=sys.stderr)
 

@@ -38,6 +38,7 @@ def cluster_yaml(size: int, octet: int) -> str:
         nodes.append(f"  - hostname: b{size}-gpu{i}\n    address: 10.77.{octet}.{10 + i}\n"
                      f"    ipoib_address: 10.78.{octet}.{10 + i}\n    roles: [agent]\n    slots: 8\n")
     text = head + "nodes:\n" + "".join(nodes) + tail
+    text = text.replace("master_host: lab-master", f"master_host: b{size}-master")
     return text.replace("10.77.0.", f"10.77.{octet}.").replace("10.78.0.", f"10.78.{octet}.")
 
 
@@ -90,7 +91,7 @@ def measure(step: str, argv: list[str], addresses: list[str]) -> dict:
     cmds = ssh_commands(result["out"])
     result.update(
         step=step,
-        cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else 0,
+        cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else None,
         mb_per_node=(sum(per_node) / len(per_node) / 1e6) if per_node else 0,
     )
     if result["rc"] != 0:
@@ -107,8 +108,8 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     rows = []
     t0 = time.monotonic()
     spec = lifecycle.up(path, log=lambda *_: None)
-    rows.append({"step": "lab up (boot)", "wall": time.monotonic() - t0, "rc": 0, "peak_mb": 0,
-                 "cmds_per_host": 0, "mb_per_node": 0})
+    rows.append({"step": "lab up (boot)", "wall": time.monotonic() - t0, "rc": 0, "peak_mb": None,
+                 "cmds_per_host": None, "mb_per_node": 0})
     addresses = [str(n.address) for n in spec.nodes]
     deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
     try:
@@ -130,9 +131,12 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = ["| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB | exit |",
              "|---:|---|---:|---:|---:|---:|---:|"]
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
     for r in rows:
-        lines.append(f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {r['cmds_per_host']:.0f} | "
-                     f"{r['mb_per_node']:.1f} | {r['peak_mb']:.0f} | {r['rc']} |")
+        lines.append(f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {num(r['cmds_per_host'], '.0f')} | "
+                     f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | {r['rc']} |")
     return "\n".join(lines)
 
 
