@@ -2,12 +2,22 @@
 
 pyinfra prints its Results table and then disconnects; the summary is printed (to stderr,
 so `--json` stays pure) when the last connected host has disconnected.
+
+A host whose SSH connection drops mid-run (sshd stopped, node down) must fail alone while the
+others finish. pyinfra 3.10 handles SSHException/OSError from its connector, but paramiko
+raises a bare EOFError when the transport dies while a command channel is being opened
+(pyinfra issue #1220), and a file transfer then fails with pyinfra's own ConnectError: either
+aborts the whole run for every host. `install` turns them into the SSHException pyinfra
+already handles.
 """
 
+import functools
 import shlex
 import sys
 
+from paramiko import SSHException
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.ssh import SSHConnector
 
 from deploy.topology import run_summary_lines
 
@@ -69,14 +79,25 @@ class FailureSummary(BaseStateCallback):
         self.failed_ops: dict[str, str] = {}
         self.disconnected = 0
 
+    def record(self, state, host, op_hash) -> None:
+        if host.name in self.reasons:
+            return
+        at = f"'{', '.join(sorted(state.get_op_meta(op_hash).names))}'"
+        if connection_lost(host):
+            self.reasons[host.name] = f"SSH connection lost at {at}"
+        else:
+            self.reasons[host.name] = f"failed at {at}"
+            self.failed_ops[host.name] = op_hash
+
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
-        if host.name not in self.reasons:
-            at = f"'{', '.join(sorted(state.get_op_meta(op_hash).names))}'"
-            if connection_lost(host):
-                self.reasons[host.name] = f"SSH connection lost at {at}"
-            else:
-                self.reasons[host.name] = f"failed at {at}"
-                self.failed_ops[host.name] = op_hash
+        self.record(state, host, op_hash)
+
+    def operation_end(self, state, op_hash):
+        # A fact that cannot be read fails its host without an operation error (pyinfra
+        # calls fail_hosts directly): name the operation it happened in all the same.
+        for host in list(state.failed_hosts):
+            if host in state.activated_hosts:
+                self.record(state, host, op_hash)
 
     def reason(self, state, host) -> str:
         reason = self.reasons.get(host.name, "failed")
@@ -101,9 +122,38 @@ class FailureSummary(BaseStateCallback):
             print(line, file=sys.stderr)
 
 
+def _lost_connection_fails_the_host(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (SSHException, OSError):
+            raise  # pyinfra fails the host for these already
+        except EOFError as e:
+            raise SSHException("SSH connection lost (EOF from the server)") from e
+        except Exception as e:
+            # With the transport gone, file transfers fail with pyinfra's ConnectError
+            # ("Unable to establish SFTP connection") or an AssertionError instead.
+            if connection_lost(self.host):
+                raise SSHException(f"SSH connection lost ({type(e).__name__})") from e
+            raise
+
+    wrapper.contains_connection_loss = True
+    return wrapper
+
+
+def contain_connection_loss() -> None:
+    """Idempotent: wraps SSHConnector's command and file methods once per process."""
+    for name in ("run_shell_command", "put_file", "get_file"):
+        method = getattr(SSHConnector, name)
+        if not getattr(method, "contains_connection_loss", False):
+            setattr(SSHConnector, name, _lost_connection_fails_the_host(method))
+
+
 def install(state) -> None:
     """Register once per run (deploy.py is executed once per host)."""
     if id(state) in _installed_on:
         return
     _installed_on.add(id(state))
+    contain_connection_loss()
     state.add_callback_handler(FailureSummary())

@@ -94,7 +94,8 @@ def test_lab_file_loads(tmp_path):
     assert c.master_node.roles == ("master", "storage")
     assert c.storage_node is c.master_node
     assert [a.hostname for a in c.agents] == ["lab-gpu1", "lab-gpu2", "lab-gpu3"]
-    assert all(a.slots == 8 and a.agent_layout == "per_node" for a in c.agents)
+    assert all(a.slots == 8 for a in c.agents)
+    assert [a.agent_layout for a in c.agents] == ["per_domain", "per_domain", "per_node"]
     assert c.node("lab-gpu2").address == ipaddress.IPv4Address("10.77.0.12")
     assert c.node("lab-gpu2").ipoib_address == ipaddress.IPv4Address("10.78.0.12")
     assert c.network.management == ipaddress.IPv4Network("10.77.0.0/24")

@@ -139,10 +139,16 @@ def test_agent_yaml(cluster):
     assert not any(v in text for v in NASTY.values())
 
 
-def test_agent_layout_per_domain_is_refused_clearly(make_cluster):
+def test_agent_yaml_per_domain(make_cluster):
+    from deploy.topology import AgentSpec
+
     cluster = make_cluster(layout="per_domain")
-    with pytest.raises(NotImplementedError, match="per_domain"):
-        determined_agent.agent_yaml(cluster, cluster.node("g1"))
+    plain = yaml.safe_load(determined_agent.agent_yaml(cluster, cluster.node("g1"))) or {}
+    assert "master_host" not in plain  # the plain unit cannot start by mistake
+    config = yaml.safe_load(determined_agent.domain_yaml(cluster, 1, AgentSpec("g1-1", "4,5,6,7", 4)))
+    assert unknown_keys(config, KNOWN_AGENT) == []
+    assert (config["agent_id"], config["visible_gpus"]) == ("g1-1", "4,5,6,7")
+    assert config["master_port"] == cluster.master_port
 
 
 def test_unknown_keys_names_the_article_region_key():
