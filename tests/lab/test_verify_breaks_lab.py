@@ -45,6 +45,7 @@ def expected_cells(lab, b) -> set[str]:
         f"test_determined::test_agent_service[{b['agent_stopped']}]",
         f"test_determined::test_agent_registered_with_its_slots[{b['agent_stopped']}]",
         f"test_topology_agents::test_agents_registered_with_domain_slots[{b['agent_stopped']}]",
+        f"test_topology_agents::test_agent_units_match_layout[{b['agent_stopped']}]",
         # ufw back on
         f"test_node_base::test_no_firewall_rules[{b['ufw_on']}]",
         f"test_node_base::test_ufw_disabled[{b['ufw_on']}]",
