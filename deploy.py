@@ -2,8 +2,9 @@
 
 from pyinfra import state
 
-from deploy import summary
+from deploy import factcache, summary
 from deploy.site import run
 
+factcache.install()
 summary.install(state)
 run()
