@@ -224,11 +224,9 @@ def _enabled_slots(node, agents: dict) -> int:
                if a.get("enabled", True))
 
 
-@pytest.fixture(scope="module")
-def registered_agents(cluster):
-    """{agent id: agent} from GET /api/v1/agents, once every agent node's enabled agents
-    offer its slots, or after REGISTRATION_WAIT seconds (an agent started before the master
-    retries every 5 s)."""
+def poll_agents(cluster, done) -> list[dict]:
+    """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
+    agent started before the master retries every 5 s; a restarted one reconnects)."""
     status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
                          {"username": "admin",
                           "password": cluster.determined.admin_password.value})
@@ -238,11 +236,20 @@ def registered_agents(cluster):
     while True:
         status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
         assert status == 200, f"GET /api/v1/agents -> {status}"
-        agents = {a["id"]: a for a in body.get("agents") or []}
-        if all(_enabled_slots(n, agents) == n.slots for n in cluster.agents) \
-                or time.monotonic() > deadline:
+        agents = body.get("agents") or []
+        if done(agents) or time.monotonic() > deadline:
             return agents
         time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def registered_agents(cluster):
+    """{agent id: agent}, once every agent node's enabled agents offer its slots."""
+    def done(agents):
+        by_id = {a["id"]: a for a in agents}
+        return all(_enabled_slots(n, by_id) == n.slots for n in cluster.agents)
+
+    return {a["id"]: a for a in poll_agents(cluster, done)}
 
 
 def test_agent_registered_with_its_slots(agent, registered_agents):

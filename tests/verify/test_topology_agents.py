@@ -13,13 +13,12 @@ somewhere (or one that did not say goodbye and has not timed out yet).
 """
 
 import re
-import time
 
 import pytest
 import yaml
 
 from deploy.topology import OK, agent_plan, domains, parse_topo
-from tests.verify.test_determined import REGISTRATION_WAIT, _http, _master_url, _slot_count
+from tests.verify.test_determined import _slot_count, poll_agents
 
 AGENT_YAML = "/etc/determined/agent.yaml"
 PLAIN_UNIT = "determined-agent.service"
@@ -98,19 +97,7 @@ def enabled_agents(cluster, host_of):
             expected.update(expected_agents(host_of(node), node))
         except Exception:  # that node's own checks report why
             pass
-    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
-                         {"username": "admin",
-                          "password": cluster.determined.admin_password.value})
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    token = body["token"]
-    deadline = time.monotonic() + REGISTRATION_WAIT
-    while True:
-        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
-        assert status == 200, f"GET /api/v1/agents -> {status}"
-        enabled = _enabled(body.get("agents") or [])
-        if enabled == expected or time.monotonic() > deadline:
-            return enabled
-        time.sleep(2)
+    return _enabled(poll_agents(cluster, lambda agents: _enabled(agents) == expected))
 
 
 # --- checks ----------------------------------------------------------------------------------
