@@ -94,9 +94,10 @@ def measure(step: str, argv: list[str], addresses: list[str]) -> dict:
         cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else None,
         mb_per_node=(sum(per_node) / len(per_node) / 1e6) if per_node else 0,
     )
+    log = LOGS / f"bench-{len(addresses)}-{step.replace(' ', '-')}.log"
+    log.write_text(result["out"])  # for profiling afterwards (pyinfra --debug output)
     if result["rc"] != 0:
-        (LOGS / f"bench-{step}.log").write_text(result["out"])
-        print(f"  {step}: exit {result['rc']}, output in {LOGS / f'bench-{step}.log'}")
+        print(f"  {step}: exit {result['rc']}, output in {log}")
     return result
 
 
