@@ -39,6 +39,17 @@ REBUILD_INITRAMFS = (
 )
 
 
+def driver_loaded_check(version: str, seconds: int = 60) -> str:
+    """Shell that waits for nvidia-smi to report `version` on every GPU, else fails with
+    what nvidia-smi said: a reboot that did not load the new module stops this host here."""
+    query = "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits 2>&1 | sort -u"
+    return (
+        f"for i in $(seq {seconds // 2}); do v=$({query}); "
+        f'[ "$v" = "{version}" ] && exit 0; sleep 2; done; '
+        f'echo "driver {version} is not loaded after the reboot; nvidia-smi says: $v" >&2; exit 1'
+    )
+
+
 def reboot_pending(pending_packages: set[str], driver_packages: list[str]) -> bool:
     """Did an earlier run install driver packages without the reboot that loads them?"""
     return any(p in pending_packages for p in driver_packages)
@@ -146,9 +157,14 @@ def apply():
     # owed (installed, then stopped before rebooting).
     owed = reboot_pending(host.get_fact(RebootRequiredPackages), packages)
     if cluster.reboot == "auto":
-        reboot(
+        rebooted = reboot(
             name="Reboot into the new NVIDIA driver (confirmed by a new boot_id)",
             _if=lambda: owed or installed.did_change(),
+        )
+        server.shell(
+            name="The new driver is loaded: nvidia-smi answers with the pin",
+            commands=[driver_loaded_check(cluster.versions.nvidia_driver)],
+            _if=rebooted.did_change,
         )
     else:
         if owed:

@@ -406,3 +406,21 @@ def test_unpacked_dir_name():
     assert mofed.unpacked_dir(TARBALL) == "MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64"
     with pytest.raises(ValueError, match="ends with .tgz"):
         mofed.unpacked_dir("MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.iso")
+
+
+def test_driver_loaded_check_accepts_only_the_pin(tmp_path):
+    import os
+    import subprocess
+
+    from roles.nvidia_driver import driver_loaded_check
+
+    fake = tmp_path / "nvidia-smi"
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    fake.write_text("#!/bin/sh\nprintf '515.65.01\\n515.65.01\\n'\n")
+    fake.chmod(0o755)
+    assert subprocess.run(["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env).returncode == 0
+    fake.write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed\"; exit 9\n")
+    run = subprocess.run(["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "driver 515.65.01 is not loaded after the reboot; nvidia-smi says: NVIDIA-SMI has failed" in run.stderr
