@@ -21,6 +21,18 @@ def check_tools() -> None:
         )
 
 
+# Every node's systemd and journald take inotify instances; the kernel's default of 128 per
+# user stops the 20th-odd node with "Too many open files".
+INOTIFY_LIMITS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 1048576}
+
+
+def raise_inotify_limits() -> None:
+    for key, wanted in INOTIFY_LIMITS.items():
+        path = Path("/proc/sys") / key
+        if int(path.read_text()) < wanted:
+            path.write_text(f"{wanted}\n")
+
+
 def ensure_ssh_key(key: Path) -> str:
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -47,6 +59,7 @@ def up(cluster_path: Path, log=print) -> LabSpec:
     built = rootfs.ensure_base()
     log(f"base root filesystem {'built' if built else 'cached'} ({time.monotonic() - t0:.1f}s)")
     network.ensure_bridges(spec)
+    raise_inotify_limits()
     services.ensure_apt_proxy()
     # One mirror serves every lab; the URL inside cuda-keyring is replaced by the deploy.
     services.ensure_mirror(f"http://10.77.0.1:{MIRROR_PORT}")
