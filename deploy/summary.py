@@ -16,7 +16,7 @@ import shlex
 import sys
 
 from paramiko import SSHException
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.connectors.ssh import SSHConnector
 
 from deploy.topology import run_summary_lines
@@ -77,7 +77,8 @@ class FailureSummary(BaseStateCallback):
     def __init__(self):
         self.reasons: dict[str, str] = {}
         self.failed_ops: dict[str, str] = {}
-        self.disconnected = 0
+        self.disconnected: set[str] = set()
+        self.printed = False
 
     def record(self, state, host, op_hash) -> None:
         if host.name in self.reasons:
@@ -109,9 +110,13 @@ class FailureSummary(BaseStateCallback):
         return reason
 
     def host_disconnect(self, state, host):
-        self.disconnected += 1
-        if self.disconnected < len(state.activated_hosts):
+        # A reboot disconnects its host mid-run too: only the final disconnects count.
+        if state.current_stage != StateStage.Disconnect:
             return
+        self.disconnected.add(host.name)
+        if self.printed or len(self.disconnected) < len(state.activated_hosts):
+            return
+        self.printed = True
         failed = {}
         for h in state.failed_hosts:
             if h not in state.activated_hosts:

@@ -20,3 +20,29 @@ def test_summary_names_each_failed_host_with_reason_and_command():
         "      re-run: pyinfra inv.py deploy.py --limit b",
     ]
     assert summary_lines({}, ["pyinfra"]) == []
+
+
+def test_printed_once_after_the_final_disconnects(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from pyinfra.api.state import StateStage
+
+    from deploy import summary
+
+    monkeypatch.setattr(summary, "run_summary_lines", lambda state: [])
+    class Host(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    a, b = Host(name="a"), Host(name="b")
+    state = SimpleNamespace(current_stage=StateStage.Execute, activated_hosts={a, b},
+                            failed_hosts={b})
+    handler = summary.FailureSummary()
+    handler.reasons["b"] = "failed at 'X'"
+    handler.host_disconnect(state, b)  # a reboot mid-run
+    assert capsys.readouterr().err == ""
+    state.current_stage = StateStage.Disconnect
+    for host in (a, b, a):
+        handler.host_disconnect(state, host)
+    err = capsys.readouterr().err
+    assert err.count("host(s) failed") == 1
+    assert "    b: failed at 'X'" in err
