@@ -116,6 +116,13 @@ def agents_of(node: Node, agents: list[dict]) -> list[dict]:
             if pattern.fullmatch(a["id"]) or str(node.address) in (a.get("addresses") or [])]
 
 
+def expected_back(node: Node, ids: list[str]) -> list[str]:
+    """Of the agents seen before, those the node's current agent_layout brings back."""
+    if node.agent_layout == "per_node":
+        return [i for i in ids if i == node.hostname]
+    return [i for i in ids if re.fullmatch(rf"{re.escape(node.hostname)}-\d+", i)]
+
+
 def cluster_of(inventory: Path) -> Cluster:
     """The cluster an inventory module was built from (deploy.inventory.groups)."""
     namespace = runpy.run_path(str(inventory))
@@ -135,7 +142,7 @@ def pyinfra_argv(inventory: Path, hostname: str, extra: list[str]) -> list[str]:
 
 
 def take_out_of_service(master: Master, node: Node) -> list[str]:
-    """Disable the node's agents; returns their ids (the ones to expect back)."""
+    """Disable the node's agents; returns their ids."""
     try:
         found = agents_of(node, master.agents())
     except MasterError as e:
@@ -163,7 +170,7 @@ def wait(predicate, timeout: float, interval: float = 2.0):
 
 
 def registered(master: Master, node: Node, expected: list[str]) -> list[dict] | None:
-    """The node's agents once at least one (and every expected id) is connected."""
+    """The node's agents once at least one (and every expected id) is listed."""
     try:
         found = [a for a in agents_of(node, master.agents()) if a.get("addresses")]
     except MasterError:
@@ -174,27 +181,38 @@ def registered(master: Master, node: Node, expected: list[str]) -> list[dict] | 
     return found
 
 
+def enable_all(master: Master, agents: list[dict]) -> list[dict] | None:
+    """Enable each agent; None while one is refused (an agent the master lost just before
+    still awaits its reconnect: it is enabled once the rebuilt node has connected)."""
+    enabled = []
+    for agent in agents:
+        try:
+            enabled.append(master.enable(agent["id"]))
+        except MasterError:
+            return None
+    return enabled
+
+
 def back_in_service(master: Master, node: Node, expected: list[str], timeout: float) -> bool:
-    found = wait(lambda: registered(master, node, expected), timeout)
-    if not found:
-        say(f"{node.hostname}: no agent registered with the master within {timeout:.0f} s "
-            f"(expected {', '.join(expected) or 'at least one'}); check "
+    deadline = time.monotonic() + timeout
+    enabled = None
+    while enabled is None and time.monotonic() < deadline:
+        found = registered(master, node, expected)
+        if found:
+            time.sleep(3)  # agents of one node start together: let a per_domain node's others in
+            enabled = enable_all(master, registered(master, node, expected) or found)
+        if enabled is None:
+            time.sleep(2)
+    if enabled is None:
+        say(f"{node.hostname}: its agents did not register and accept enable within "
+            f"{timeout:.0f} s (expected {', '.join(expected) or 'at least one'}); check "
             "`journalctl -u 'determined-agent*'` on the node")
         return False
-    time.sleep(3)  # agents of one node start together: let the others of a per_domain node in
-    found = registered(master, node, expected) or found
-    ok = True
-    for agent in found:
-        try:
-            enabled = master.enable(agent["id"])["enabled"]
-        except MasterError as e:
-            say(f"agent {agent['id']} not enabled: {e}")
-            ok = False
-            continue
+    for agent in enabled:
         slots = len(agent.get("slots") or {})
-        say(f"agent {agent['id']} registered ({slots} slots) and {'enabled' if enabled else 'NOT enabled'}")
-        ok = ok and enabled
-    return ok
+        say(f"agent {agent['id']} registered ({slots} slots) and "
+            f"{'enabled' if agent['enabled'] else 'NOT enabled'}")
+    return all(agent["enabled"] for agent in enabled)
 
 
 def master_back(master: Master, cluster: Cluster, timeout: float) -> bool:
@@ -232,14 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.node}: not a node of {cluster.path} ({names})")
 
     master = Master(cluster)
-    expected = take_out_of_service(master, node) if "agent" in node.roles else []
+    disabled = take_out_of_service(master, node) if "agent" in node.roles else []
+    expected = expected_back(node, disabled)
 
     argv_ = pyinfra_argv(inventory, node.hostname, extra)
     say(f"deploying {node.hostname}: {' '.join(argv_)}")
     rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL).returncode
     if rc != 0:
         say(f"the deploy of {node.hostname} failed (exit status {rc})"
-            + ("; its agents stay disabled" if expected else "")
+            + ("; its agents stay disabled" if disabled else "")
             + f"; fix the cause and re-run: python -m deploy.rebuild {args.inventory} {node.hostname}")
         return rc
 
