@@ -64,7 +64,13 @@ def services(cluster, node) -> list[str]:
         major = run_on(cluster, node.hostname, "ls /etc/postgresql").stdout.split()[-1]
         units += [f"postgresql@{major}-main.service", "determined-master.service"]
     if "agent" in node.roles:
-        units += ["docker.service", "determined-agent.service"]
+        units.append("docker.service")
+        if node.agent_layout == "per_domain":  # one agent instance per NVLink domain
+            configs = run_on(cluster, node.hostname, "ls /etc/determined").stdout.split()
+            units += sorted(f"determined-agent@{c[len('agent-'):-len('.yaml')]}.service"
+                            for c in configs if c.startswith("agent-") and c.endswith(".yaml"))
+        else:
+            units.append("determined-agent.service")
     return units
 
 
