@@ -1,10 +1,11 @@
 """The pyinfra entry point: `pyinfra inventories/prod.py deploy.py`."""
 
-from pyinfra import state
+from pyinfra import host, state
 
-from deploy import factcache, summary
+from deploy import factcache, sshtuning, summary
 from deploy.site import run
 
-factcache.install()
+sshtuning.install(host)
+factcache.install(state)
 summary.install(state)
 run()

@@ -1,18 +1,39 @@
-"""Read a few expensive facts once per host until that host changes.
+"""Facts read once per host until that host changes, and read in one command when we know them.
 
-pyinfra 3.10 has no fact cache: every `apt.packages` reads `dpkg -l` again and every
-distribution check re-reads /etc/*-release, about twenty round trips per agent that return
-the same answer. Here those facts are remembered per host, and forgotten as soon as any
-operation command (shell, upload, download, Python callback) runs on that host, so a value
-is never older than the last change the deploy made there.
+pyinfra 3.10 has no fact cache and reads every fact with its own SSH command: an agent's no-op
+re-deploy was 74 commands, run operation by operation in lockstep with every other host, and
+while pyinfra plans (deploy.py, host after host) each fact read waits for its node in turn.
+
+Two things here, both keyed on pyinfra's own fact classes and parsed by their own `process`:
+- a cache: a fact is remembered per host (same class and arguments) and forgotten as soon as
+  any operation command (shell, upload, download, Python callback) runs on that host, so a
+  value is never older than the last change the deploy made there. A clock (`Date`) is never
+  cached.
+- a batch read: the facts each host asked for are written down at the end of a run
+  (~/.cache/gpu-cluster/facts/); the next run reads all of them in ONE command per host, for
+  every host at once, before the plan asks for the first. A no-op re-deploy then costs about
+  one command per host instead of one per fact. A fact the batch could not read (non-zero exit,
+  a missing binary, output the fact cannot process) is simply read the usual way.
 """
 
-from pyinfra.api import command as pyinfra_command
-from pyinfra.api.host import Host
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import LinuxDistribution
+import json
+import logging
+import os
+from pathlib import Path
 
-CACHED_FACTS = (DebPackages, LinuxDistribution)
+import gevent
+import gevent.event
+from pyinfra.api import command as pyinfra_command
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.facts import FactBase, ShortFactBase, _handle_fact_kwargs, _make_command
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, StateStage
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.server import Date
+
+logger = logging.getLogger("pyinfra.gpu_cluster.factcache")  # shown by pyinfra --debug
+
+VOLATILE = (Date,)  # apt.update's cache_time compares it with "now"
 COMMAND_CLASSES = (
     pyinfra_command.StringCommand,
     pyinfra_command.FileUploadCommand,
@@ -20,7 +41,15 @@ COMMAND_CLASSES = (
     pyinfra_command.FunctionCommand,
     pyinfra_command.RsyncCommand,
 )
+MARK = "--8<-- gpu-cluster fact"
 _CACHE_ATTR = "_gpu_cluster_fact_cache"
+_WANTED_ATTR = "_gpu_cluster_facts_wanted"
+_BATCHED_ATTR = "_gpu_cluster_facts_batched"
+
+
+def record_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpu-cluster" / "facts"
 
 
 def _cache(host) -> dict:
@@ -35,11 +64,242 @@ def forget(host) -> None:
     _cache(host).clear()
 
 
+def cacheable(cls) -> bool:
+    return (isinstance(cls, type) and issubclass(cls, FactBase)
+            and not issubclass(cls, ShortFactBase) and cls not in VOLATILE)
+
+
+def freeze(value):
+    """Lists (systemd facts take `services=[...]`) as tuples, so that they can be a key."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    return value
+
+
+def cache_key(cls, args: tuple, kwargs: dict) -> tuple | None:
+    key = (cls, freeze(args), freeze(kwargs))
+    try:
+        hash(key)
+    except TypeError:  # a set or an object argument: read it every time
+        return None
+    return key
+
+
+# --- which facts a host asks for, kept between runs -------------------------------------------
+
+def wanted_entry(cls, args: tuple, kwargs: dict) -> str | None:
+    """One fact request as JSON, or None when it would not come back the same from JSON."""
+    if any(k.startswith("_") for k in kwargs):  # per-call sudo/env: not one shared command
+        return None
+    entry = [f"{cls.__module__}:{cls.__qualname__}", list(args), kwargs]
+    try:
+        text = json.dumps(entry, sort_keys=True)
+    except TypeError:
+        return None
+    return text if freeze(json.loads(text)) == freeze(entry) else None
+
+
+# files.put and files.template read File(path), then Sha1File(path) once the file exists: a
+# first deploy (which creates the file) never asks for the checksum that every later run does.
+COMPANIONS = {File: (Sha1File,)}
+
+
+def wanted_entries(cls, args: tuple, kwargs: dict) -> list[str]:
+    """The request itself and what it predicts the next run asks for (COMPANIONS)."""
+    entries = [wanted_entry(cls, args, kwargs)]
+    if not args and set(kwargs) == {"path"}:
+        entries += [wanted_entry(other, (), kwargs) for other in COMPANIONS.get(cls, ())]
+    return [e for e in entries if e is not None]
+
+
+def fact_class(name: str):
+    module, _, qualname = name.partition(":")
+    try:
+        obj = __import__(module, fromlist=["_"])
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None  # a fact renamed since the last run
+    return obj if cacheable(obj) else None
+
+
+def record_path(host) -> Path:
+    address = host.data.get("ssh_hostname") or host.name
+    safe = "".join(c if c.isalnum() or c in "-._@" else "_" for c in f"{host.name}@{address}")
+    return record_dir() / f"{safe}.json"
+
+
+def load_wanted(host) -> list[tuple]:
+    try:
+        entries = json.loads(record_path(host).read_text())
+    except (OSError, ValueError):
+        return []
+    wanted = []
+    for name, args, kwargs in entries:
+        cls = fact_class(name)
+        if cls is not None:
+            wanted.append((cls, tuple(args), kwargs))
+    return wanted
+
+
+def save_wanted(host) -> None:
+    entries = getattr(host, _WANTED_ATTR, None)
+    if not entries:
+        return
+    path = record_path(host)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([json.loads(e) for e in sorted(entries)]) + "\n")
+    except OSError as e:  # a read-only home: the next run is only slower
+        logger.debug("not saving the facts wanted by %s: %s", host.name, e)
+
+
+# --- reading many facts in one command ---------------------------------------------------------
+
+def shell_text(command) -> str | None:
+    """A fact's command as shell text, or None if it hides a secret (it would be logged)."""
+    if command is None or isinstance(command, str):
+        return command
+    if isinstance(command, pyinfra_command.StringCommand):
+        raw = command.get_raw_value()
+        return raw if raw == command.get_masked_value() else None
+    return None
+
+
+def batch_script(commands: list[str]) -> str:
+    """Each command in a subshell between markers that carry its exit status."""
+    parts = []
+    for i, command in enumerate(commands):
+        parts.append(f"echo '{MARK} {i}'; ( {command} ) 2>/dev/null; "
+                     f"printf '\\n{MARK} {i} rc=%s\\n' \"$?\"")
+    return "\n".join(parts)
+
+
+def parse_batch(lines: list[str]) -> dict[int, tuple[int, list[str]]]:
+    """{index: (exit status, stdout lines as pyinfra would have read them)}."""
+    results: dict[int, tuple[int, list[str]]] = {}
+    current, body = None, []
+    for line in lines:
+        if line.startswith(MARK + " "):
+            rest = line[len(MARK) + 1:]
+            index, sep, rc = rest.partition(" rc=")
+            if sep and current is not None and index == str(current):
+                if body and body[-1] == "":
+                    body.pop()  # the newline printed before the end marker
+                results[current] = (int(rc), body)
+                current, body = None, []
+            elif not sep and index.isdigit():
+                current, body = int(index), []
+            continue
+        if current is not None:
+            body.append(line)
+    return results
+
+
+def _fact_command(state, host, cls, args, kwargs):
+    """(fact, shell text, connector kwargs) as pyinfra's get_fact would run it, or None.
+    `process` must be called on the same fact object: some keep their arguments on it."""
+    fact = cls()
+    if fact.shell_executable or fact.check_preconditions(state, host):
+        return None
+    fact_kwargs, global_kwargs = _handle_fact_kwargs(state, host, cls, list(args), dict(kwargs))
+    text = shell_text(_make_command(fact.command, dict(fact_kwargs)))
+    requires_command = _make_command(fact.requires_command, dict(fact_kwargs))
+    requires = shell_text(requires_command)
+    if text is None or (requires_command is not None and requires is None):
+        return None
+    if requires:
+        text = f"command -v {requires} >/dev/null 2>&1 || exit 127; {text}"
+    connector_kwargs = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    return fact, text, connector_kwargs
+
+
+def read_batch(state, host, wanted: list[tuple]) -> int:
+    """Read `wanted` facts on `host` in one command into its cache; how many were cached."""
+    commands, facts, connector_kwargs = [], [], None
+    for cls, args, kwargs in wanted:
+        key = cache_key(cls, args, kwargs)
+        if key is None or key in _cache(host):
+            continue
+        try:
+            made = _fact_command(state, host, cls, args, kwargs)
+        except Exception as e:  # arguments a fact no longer takes
+            logger.debug("%s: not batching %s: %s", host.name, cls.__name__, e)
+            continue
+        if made is None:
+            continue
+        fact, text, kwargs_of_fact = made
+        if connector_kwargs is None:
+            connector_kwargs = kwargs_of_fact
+        elif kwargs_of_fact != connector_kwargs:
+            continue
+        commands.append(text)
+        facts.append((key, fact))
+    if not commands:
+        return 0
+    status, output = host.run_shell_command(
+        pyinfra_command.StringCommand(batch_script(commands)),
+        print_output=False, print_input=False, **(connector_kwargs or {}))
+    if not status:
+        return 0
+    cached = 0
+    for index, (rc, lines) in parse_batch(output.stdout_lines).items():
+        key, fact = facts[index]
+        if rc != 0:
+            continue  # pyinfra's own read decides what a failure means
+        try:
+            value = fact.process(lines) if lines else fact.default()
+        except Exception:
+            continue
+        _cache(host)[key] = value
+        cached += 1
+    return cached
+
+
+def _read_batch_quietly(state, host, done: gevent.event.Event) -> None:
+    try:
+        count = read_batch(state, host, load_wanted(host))
+        logger.debug("%s: %s facts read in one command", host.name, count)
+    except Exception as e:  # never worse than no batch: the usual reads follow
+        logger.debug("%s: batch read failed: %s", host.name, e)
+    finally:
+        done.set()
+
+
+def prefetch(state, host) -> None:
+    """Before a host's first fact, its batch read. pyinfra plans the hosts concurrently, so the
+    first host to ask starts the batch of every connected host at once, and each host waits for
+    its own."""
+    done = getattr(host, _BATCHED_ATTR, None)
+    if done is None and state is not None:
+        for h in list(state.inventory):
+            if h.connected and getattr(h, _BATCHED_ATTR, None) is None:
+                event = gevent.event.Event()
+                setattr(h, _BATCHED_ATTR, event)
+                # Not state.pool: the planning greenlets may fill it, and wait here.
+                gevent.spawn(_read_batch_quietly, state, h, event)
+        done = getattr(host, _BATCHED_ATTR, None)
+    if done is not None:
+        done.wait()
+
+
+# --- pyinfra hooks ---------------------------------------------------------------------------
+
 def _cached_get_fact(original):
     def get_fact(self, name_or_cls, *args, **kwargs):
-        if name_or_cls not in CACHED_FACTS:
+        key = cache_key(name_or_cls, args, kwargs) if cacheable(name_or_cls) else None
+        if key is None:
             return original(self, name_or_cls, *args, **kwargs)
-        key = (name_or_cls, args, tuple(sorted(kwargs.items())))
+        entries = wanted_entries(name_or_cls, args, kwargs)
+        if entries:
+            wanted = getattr(self, _WANTED_ATTR, None)
+            if wanted is None:
+                wanted = set()
+                setattr(self, _WANTED_ATTR, wanted)
+            wanted.update(entries)
+        prefetch(getattr(self, "state", None), self)
         cache = _cache(self)
         if key not in cache:
             cache[key] = original(self, name_or_cls, *args, **kwargs)
@@ -61,10 +321,22 @@ def _forgetting_execute(original):
     return execute
 
 
-def install() -> None:
+class SaveWanted(BaseStateCallback):
+    def host_disconnect(self, state, host):
+        # A reboot disconnects its host mid-run too: save at the final disconnect only.
+        if state.current_stage == StateStage.Disconnect:
+            save_wanted(host)
+
+
+_installed_on: set[int] = set()
+
+
+def install(state) -> None:
     """Idempotent: deploy.py runs once per host."""
-    if getattr(Host.get_fact, "_gpu_cluster_cached", False):
-        return
-    Host.get_fact = _cached_get_fact(Host.get_fact)
-    for cls in COMMAND_CLASSES:
-        cls.execute = _forgetting_execute(cls.execute)
+    if not getattr(Host.get_fact, "_gpu_cluster_cached", False):
+        Host.get_fact = _cached_get_fact(Host.get_fact)
+        for cls in COMMAND_CLASSES:
+            cls.execute = _forgetting_execute(cls.execute)
+    if id(state) not in _installed_on:
+        _installed_on.add(id(state))
+        state.add_callback_handler(SaveWanted())

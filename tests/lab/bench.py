@@ -64,8 +64,17 @@ MIRROR_LINE = re.compile(r'^(?P<ip>\S+) .*" \d{3} (?P<bytes>\d+)$')
 ACNG_LINE = re.compile(r"^\d+\|O\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine (controller and every lab node) has been busy."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(argv: list[str], cwd=REPO) -> dict:
-    """Run a command; wall seconds, peak RSS (MB) of it and its children, output."""
+    """Run a command; wall seconds, peak RSS (MB) of it and its children, output, and CPU
+    seconds: the command's own (the controller) and the rest of the machine's (the nodes)."""
+    busy0 = busy_cpu_seconds()
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
@@ -75,7 +84,10 @@ def timed(argv: list[str], cwd=REPO) -> dict:
         out.seek(0)
         text = out.read()
     peak = usage.ru_maxrss / 1024
-    return {"wall": wall, "rc": os.waitstatus_to_exitcode(status), "peak_mb": peak, "out": text}
+    controller = usage.ru_utime + usage.ru_stime
+    nodes = max(0.0, busy_cpu_seconds() - busy0 - controller)
+    return {"wall": wall, "rc": os.waitstatus_to_exitcode(status), "peak_mb": peak, "out": text,
+            "cpu_controller": controller, "cpu_nodes": nodes}
 
 
 def ssh_commands(debug_output: str) -> Counter:
@@ -110,7 +122,8 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     t0 = time.monotonic()
     spec = lifecycle.up(path, log=lambda *_: None)
     rows.append({"step": "lab up (boot)", "wall": time.monotonic() - t0, "rc": 0, "peak_mb": None,
-                 "cmds_per_host": None, "mb_per_node": 0})
+                 "cmds_per_host": None, "mb_per_node": 0, "cpu_controller": None,
+                 "cpu_nodes": None})
     addresses = [str(n.address) for n in spec.nodes]
     deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
     try:
@@ -130,14 +143,16 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB | exit |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB "
+             "| CPU s controller | CPU s nodes | exit |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
     for r in rows:
         lines.append(f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {num(r['cmds_per_host'], '.0f')} | "
-                     f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | {r['rc']} |")
+                     f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | "
+                     f"{num(r['cpu_controller'], '.1f')} | {num(r['cpu_nodes'], '.1f')} | {r['rc']} |")
     return "\n".join(lines)
 
 
@@ -157,6 +172,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        # The facts each host asks for are kept between runs (deploy/factcache.py): start
+        # without any, as an operator's first deploy does.
+        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         for i, size in enumerate(int(s) for s in args.sizes.split(",")):
             print(f"== {size} nodes", flush=True)
             rows += bench_size(size, 40 + i, Path(tmp))

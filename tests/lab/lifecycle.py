@@ -22,12 +22,23 @@ def check_tools() -> None:
 
 
 # Every node's systemd and journald take inotify instances; the kernel's default of 128 per
-# user stops the 20th-odd node with "Too many open files".
-INOTIFY_LIMITS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 1048576}
+# user stops the 20th-odd node with "Too many open files". The ARP table is one table for all
+# network namespaces, with one size limit: 32 nodes that each know every peer on two networks
+# hold ~2,000 entries, the default limit is 1,024, and past it the kernel drops resolutions
+# ("neighbor table overflow!"): SSH to random nodes then times out or finds no route.
+# A real cluster has a kernel, and a table, per node.
+KERNEL_LIMITS = {
+    "fs/inotify/max_user_instances": 8192,
+    "fs/inotify/max_user_watches": 1048576,
+    "net/ipv4/neigh/default/gc_thresh1": 4096,
+    "net/ipv4/neigh/default/gc_thresh2": 16384,
+    "net/ipv4/neigh/default/gc_thresh3": 32768,
+}
 
 
-def raise_inotify_limits() -> None:
-    for key, wanted in INOTIFY_LIMITS.items():
+def raise_kernel_limits() -> None:
+    """Raise, never lower, the controller kernel's limits a lab of many nodes outgrows."""
+    for key, wanted in KERNEL_LIMITS.items():
         path = Path("/proc/sys") / key
         if int(path.read_text()) < wanted:
             path.write_text(f"{wanted}\n")
@@ -59,7 +70,7 @@ def up(cluster_path: Path, log=print) -> LabSpec:
     built = rootfs.ensure_base()
     log(f"base root filesystem {'built' if built else 'cached'} ({time.monotonic() - t0:.1f}s)")
     network.ensure_bridges(spec)
-    raise_inotify_limits()
+    raise_kernel_limits()
     services.ensure_apt_proxy()
     # One mirror serves every lab; the URL inside cuda-keyring is replaced by the deploy.
     services.ensure_mirror(f"http://10.77.0.1:{MIRROR_PORT}")

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 
-from tests.verify.test_determined import _http, _master_url, _slot_count
+from tests.verify.master_api import _http, _master_url, _slot_count
 
 from .conftest import LAB_CLUSTER, run_verify
 

@@ -1,7 +1,13 @@
+import subprocess
 from types import SimpleNamespace
 
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.facts import FactBase, get_fact
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Hostname
+from pyinfra.facts.files import Block, Directory, File, FindInFile, Sha1File
+from pyinfra.facts.server import Date, Hostname, Which
 
 from deploy import factcache
 
@@ -13,13 +19,129 @@ def test_cached_until_a_command_runs_on_that_host():
         reads.append((host.name, cls))
         return len(reads)
 
-    get_fact = factcache._cached_get_fact(original)
+    get_fact_ = factcache._cached_get_fact(original)
     execute = factcache._forgetting_execute(lambda command, state, host, args: "ran")
     a, b = SimpleNamespace(name="a"), SimpleNamespace(name="b")
 
-    assert get_fact(a, DebPackages) == get_fact(a, DebPackages) == 1
-    assert get_fact(b, DebPackages) == 2  # per host
-    assert get_fact(a, Hostname) == 3 and get_fact(a, Hostname) == 4  # not a cached fact
+    assert get_fact_(a, DebPackages) == get_fact_(a, DebPackages) == 1
+    assert get_fact_(b, DebPackages) == 2  # per host
+    assert get_fact_(a, File, path="/x") == get_fact_(a, File, path="/x") == 3
+    assert get_fact_(a, File, path="/y") == 4  # other arguments, other fact
     assert execute(None, None, a, {}) == "ran"
-    assert get_fact(a, DebPackages) == 5  # re-read after a change on a
-    assert get_fact(b, DebPackages) == 2  # b did not change
+    assert get_fact_(a, DebPackages) == 5  # re-read after a change on a
+    assert get_fact_(b, DebPackages) == 2  # b did not change
+
+
+def test_a_clock_and_unhashable_arguments_are_never_cached():
+    count = iter(range(100))
+    get_fact_ = factcache._cached_get_fact(lambda host, cls, *a, **k: next(count))
+    a = SimpleNamespace(name="a")
+    assert get_fact_(a, Date) != get_fact_(a, Date)
+    assert get_fact_(a, File, path={"/x"}) != get_fact_(a, File, path={"/x"})
+    # Lists (systemd facts take services=[...]) are cached, by value.
+    assert get_fact_(a, Which, command=["a", "b"]) == get_fact_(a, Which, command=["a", "b"])
+
+
+def test_wanted_entries_round_trip_only_what_json_keeps():
+    assert factcache.wanted_entry(File, (), {"path": "/x"}) is not None
+    assert factcache.wanted_entry(File, (), {"paths": ("/x", "/y")}) is not None  # as a list
+    assert factcache.wanted_entry(File, (), {"path": object()}) is None
+    assert factcache.wanted_entry(File, (), {"path": "/x", "_sudo": True}) is None
+
+
+def test_wanted_facts_are_saved_per_host_and_loaded_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host = SimpleNamespace(name="gpu1", data={"ssh_hostname": "10.0.0.1"})
+    setattr(host, factcache._WANTED_ATTR, {
+        factcache.wanted_entry(File, (), {"path": "/etc/hosts"}),
+        factcache.wanted_entry(DebPackages, (), {}),
+    })
+    factcache.save_wanted(host)
+    assert factcache.record_path(host).parent == tmp_path / "gpu-cluster" / "facts"
+    assert sorted(factcache.load_wanted(host), key=str) == sorted(
+        [(DebPackages, (), {}), (File, (), {"path": "/etc/hosts"})], key=str)
+    # A fact class that no longer exists is dropped, not an error.
+    factcache.record_path(host).write_text('[["pyinfra.facts.files:Gone", [], {}]]')
+    assert factcache.load_wanted(host) == []
+    other = SimpleNamespace(name="gpu2", data={})
+    assert factcache.load_wanted(other) == []
+
+
+def lines_as_pyinfra_reads_them(command: str) -> tuple[int, list[str]]:
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    return out.returncode, [line.rstrip("\n") for line in out.stdout.splitlines(keepends=True)]
+
+
+@pytest.mark.parametrize("commands", [
+    ["printf 'a\\nb\\n'", "printf 'no newline'", "true", "printf '\\n'", "printf 'x\\n\\n'"],
+    ["exit 3", "echo kept; false", "echo after"],
+    ["echo '--8<-- gpu-cluster fact 7'", "echo ok"],  # a marker look-alike in the output
+])
+def test_batch_output_splits_into_what_each_command_alone_gives(commands):
+    script = factcache.batch_script(commands)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout
+    parsed = factcache.parse_batch([line.rstrip("\n") for line in out.splitlines(keepends=True)])
+    for i, command in enumerate(commands):
+        if "fact 7" in command:
+            continue  # its output is its own business; the next fact must still be right
+        assert parsed[i] == lines_as_pyinfra_reads_them(command), command
+
+
+@pytest.fixture
+def local_state():
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    return state, inventory.get_host("@local")
+
+
+def test_a_batch_reads_the_same_values_as_pyinfra_fact_by_fact(local_state, tmp_path):
+    state, host = local_state
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n# BEGIN m\n10.0.0.1 a\n# END m\n")
+    (tmp_path / "dir").mkdir()
+    wanted = [
+        (Sha1File, (), {"path": str(tmp_path / "hosts")}),
+        (Sha1File, (), {"path": str(tmp_path / "missing")}),
+        (File, (), {"path": str(tmp_path / "hosts")}),
+        (Directory, (), {"path": str(tmp_path / "dir")}),
+        (Directory, (), {"path": str(tmp_path / "missing")}),
+        (FindInFile, (), {"path": str(tmp_path / "hosts"), "pattern": "^10\\."}),
+        (Block, (), {"path": str(tmp_path / "hosts"), "marker": "# {mark} m"}),
+        (Which, (), {"command": "sh"}),
+        (Hostname, (), {}),
+    ]
+    assert factcache.read_batch(state, host, wanted) == len(wanted)
+    cache = factcache._cache(host)
+    for cls, args, kwargs in wanted:
+        expected = get_fact(state, host, cls, args=list(args), kwargs=dict(kwargs))
+        assert cache[factcache.cache_key(cls, args, kwargs)] == expected, (cls, kwargs)
+
+
+class Failing(FactBase):
+    def command(self):
+        return "echo partial; exit 2"
+
+
+class NeedsMissingTool(FactBase):
+    requires_command = "no-such-tool-gpu-cluster"
+
+    def command(self):
+        return "no-such-tool-gpu-cluster --list"
+
+
+def test_a_fact_the_batch_cannot_read_is_left_to_pyinfra(local_state):
+    state, host = local_state
+    wanted = [(Failing, (), {}), (NeedsMissingTool, (), {}), (Hostname, (), {})]
+    assert factcache.read_batch(state, host, wanted) == 1
+    cache = factcache._cache(host)
+    assert factcache.cache_key(Failing, (), {}) not in cache
+    assert factcache.cache_key(NeedsMissingTool, (), {}) not in cache
+    assert factcache.cache_key(Hostname, (), {}) in cache
+
+
+def test_a_file_read_predicts_its_checksum_read():
+    entries = factcache.wanted_entries(File, (), {"path": "/etc/x"})
+    assert entries == [factcache.wanted_entry(File, (), {"path": "/etc/x"}),
+                       factcache.wanted_entry(Sha1File, (), {"path": "/etc/x"})]
+    assert factcache.wanted_entries(Directory, (), {"path": "/etc"}) == [
+        factcache.wanted_entry(Directory, (), {"path": "/etc"})]

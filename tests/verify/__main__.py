@@ -19,6 +19,7 @@ def pytest_command(cluster: str, workers: str, reports: Path, rest: list[str]) -
     # Short tracebacks by default: the matrix carries the overview, tracebacks the detail.
     tb = [] if any(a.startswith("--tb") for a in rest) else ["--tb=short"]
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
+            "--dist", "loadgroup",
             "-p", "tests.verify.matrix", f"--verify-matrix={reports / 'verify-matrix.md'}",
             *tb, "--cluster", cluster, f"--junitxml={reports / 'verify-junit.xml'}",
             str(REPO / "tests" / "verify"), *rest]

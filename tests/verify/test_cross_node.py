@@ -1,6 +1,6 @@
 """Cross-node checks: every node resolves and reaches every other on both networks.
 
-Each node probes all its peers in one command per network (not one SSH session per pair:
+Each node probes all its peers on both networks in one command (not one SSH session per pair:
 at 32 nodes that is ~2,000 sessions, and sshd's MaxStartups throttling then fails probes
 that have nothing to do with the network); each (node, peer) pair is still its own cell.
 """
@@ -37,18 +37,20 @@ def _probe(host, names: tuple[str, ...]) -> dict[str, str]:
     return json.loads(host.check_output(command))
 
 
-def _errors(node, host_of, cluster, name_of) -> dict[str, str]:
-    names = tuple(name_of(n) for n in cluster.nodes)
+def _errors(node, host_of, cluster) -> dict[str, str]:
+    """{peer name: error or ""} for every node's management and IPoIB name, from one command."""
+    interface = cluster.network.ipoib.interface
+    names = tuple(n.hostname for n in cluster.nodes) + tuple(
+        ib_name(n.hostname, interface) for n in cluster.nodes)
     return _probe(host_of(node), names)
 
 
 def test_reaches_peer_on_management(node, peer, host_of, cluster):
-    error = _errors(node, host_of, cluster, lambda n: n.hostname)[peer.hostname]
+    error = _errors(node, host_of, cluster)[peer.hostname]
     assert error == "", f"{node.hostname} -> {peer.hostname}: {error}"
 
 
 def test_reaches_peer_on_ipoib(node, peer, host_of, cluster):
-    interface = cluster.network.ipoib.interface
-    name = ib_name(peer.hostname, interface)
-    error = _errors(node, host_of, cluster, lambda n: ib_name(n.hostname, interface))[name]
+    name = ib_name(peer.hostname, cluster.network.ipoib.interface)
+    error = _errors(node, host_of, cluster)[name]
     assert error == "", f"{node.hostname} -> {name}: {error}"

@@ -9,18 +9,13 @@ Secret values never reach an assertion message (comparisons become booleans firs
 """
 
 import json
-import re
-import time
-import urllib.error
-import urllib.request
 
-import pytest
 import yaml
 
 from roles.postgresql import MIN_MAJOR, RoleVerifier, password_matches
+from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url
 from tests.verify.test_storage import parse_env_file
 
-REGISTRATION_WAIT = 30  # seconds
 ANY = None  # a leaf, or a subtree this check does not descend into
 
 # Config (master/internal/config/config.go) with ResourceConfig inlined.
@@ -75,22 +70,6 @@ def unknown_keys(document, known, path="") -> list[str]:
 
 def _read_yaml(host, path: str) -> dict:
     return yaml.safe_load(host.file(path).content_string)
-
-
-def _http(url: str, data: dict | None = None, token: str | None = None):
-    request = urllib.request.Request(url, data=json.dumps(data).encode() if data else None)
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, None
-
-
-def _master_url(cluster) -> str:
-    return f"http://{cluster.master_node.address}:{cluster.master_port}"
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------
@@ -205,51 +184,6 @@ def test_agent_reaches_master_port(agent, host_of, cluster):
     result = host_of(agent).run(f"timeout 5 bash -c ': < {target}'")
     assert result.rc == 0, f"{agent.hostname} cannot connect to {cluster.master_host}:" \
                            f"{cluster.master_port}: {result.stderr.strip()}"
-
-
-def _agents_of(node, agents: dict) -> dict:
-    """The registered agents the deploy gives this node: id = hostname (agent_layout per_node)
-    or hostname-<i> (per_domain, one per NVLink domain)."""
-    pattern = re.compile(re.escape(node.hostname) + r"(-[0-9]+)?")
-    return {i: a for i, a in agents.items() if pattern.fullmatch(i)}
-
-
-def _slot_count(slots) -> int:
-    # The REST API returns a map of slot id -> slot; tolerate a list or a count.
-    return slots if isinstance(slots, int) else len(slots or ())
-
-
-def _enabled_slots(node, agents: dict) -> int:
-    return sum(_slot_count(a.get("slots")) for a in _agents_of(node, agents).values()
-               if a.get("enabled", True))
-
-
-def poll_agents(cluster, done) -> list[dict]:
-    """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
-    agent started before the master retries every 5 s; a restarted one reconnects)."""
-    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
-                         {"username": "admin",
-                          "password": cluster.determined.admin_password.value})
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    token = body["token"]
-    deadline = time.monotonic() + REGISTRATION_WAIT
-    while True:
-        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
-        assert status == 200, f"GET /api/v1/agents -> {status}"
-        agents = body.get("agents") or []
-        if done(agents) or time.monotonic() > deadline:
-            return agents
-        time.sleep(2)
-
-
-@pytest.fixture(scope="module")
-def registered_agents(cluster):
-    """{agent id: agent}, once every agent node's enabled agents offer its slots."""
-    def done(agents):
-        by_id = {a["id"]: a for a in agents}
-        return all(_enabled_slots(n, by_id) == n.slots for n in cluster.agents)
-
-    return {a["id"]: a for a in poll_agents(cluster, done)}
 
 
 def test_agent_registered_with_its_slots(agent, registered_agents):

@@ -91,7 +91,7 @@ def test_bucket_exists_in_region(cluster):
     assert problem is None, problem
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def master_s3_env(cluster, host_of):
     """The S3 variables determined-master.service gets from its drop-in environment file."""
     h = host_of(cluster.master_node)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deploy.topology import OK, agent_plan, domains, parse_topo
-from tests.verify.test_determined import _slot_count, poll_agents
+from tests.verify.master_api import _slot_count
 
 AGENT_YAML = "/etc/determined/agent.yaml"
 PLAIN_UNIT = "determined-agent.service"
@@ -86,18 +86,14 @@ def _enabled(agents: list[dict]) -> dict[str, int]:
     return {a["id"]: _slot_count(a.get("slots")) for a in agents if a.get("enabled", True)}
 
 
-@pytest.fixture(scope="module")
-def enabled_agents(cluster, host_of):
-    """{agent_id: slots} of the ENABLED agents in GET /api/v1/agents, once they are what the
-    cluster's reachable nodes expect, or after REGISTRATION_WAIT seconds (an agent restarted by
-    the deploy reconnects within a few seconds; a stale one may still be saying goodbye)."""
-    expected: dict[str, int] = {}
-    for node in cluster.agents:
-        try:
-            expected.update(expected_agents(host_of(node), node))
-        except Exception:  # that node's own checks report why
-            pass
-    return _enabled(poll_agents(cluster, lambda agents: _enabled(agents) == expected))
+@pytest.fixture(scope="session")
+def enabled_agents(registered_agents):
+    """{agent_id: slots} of the ENABLED agents in GET /api/v1/agents, polled (test_determined's
+    `registered_agents`) until every agent node's enabled agents offer its slots, or for
+    REGISTRATION_WAIT seconds (an agent restarted by the deploy reconnects within a few seconds;
+    a stale one still enabled makes a node offer too many). The same poll as the other
+    registration checks, and no SSH: each node's expectation is its own check's business."""
+    return _enabled(list(registered_agents.values()))
 
 
 # --- checks ----------------------------------------------------------------------------------

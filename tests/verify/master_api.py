@@ -1,0 +1,60 @@
+"""The Determined master's REST API as the checks read it: login, list agents, count slots."""
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+
+REGISTRATION_WAIT = 30  # seconds
+
+
+def _http(url: str, data: dict | None = None, token: str | None = None):
+    request = urllib.request.Request(url, data=json.dumps(data).encode() if data else None)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def _master_url(cluster) -> str:
+    return f"http://{cluster.master_node.address}:{cluster.master_port}"
+
+
+def _agents_of(node, agents: dict) -> dict:
+    """The registered agents the deploy gives this node: id = hostname (agent_layout per_node)
+    or hostname-<i> (per_domain, one per NVLink domain)."""
+    pattern = re.compile(re.escape(node.hostname) + r"(-[0-9]+)?")
+    return {i: a for i, a in agents.items() if pattern.fullmatch(i)}
+
+
+def _slot_count(slots) -> int:
+    # The REST API returns a map of slot id -> slot; tolerate a list or a count.
+    return slots if isinstance(slots, int) else len(slots or ())
+
+
+def _enabled_slots(node, agents: dict) -> int:
+    return sum(_slot_count(a.get("slots")) for a in _agents_of(node, agents).values()
+               if a.get("enabled", True))
+
+
+def poll_agents(cluster, done) -> list[dict]:
+    """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
+    agent started before the master retries every 5 s; a restarted one reconnects)."""
+    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
+                         {"username": "admin",
+                          "password": cluster.determined.admin_password.value})
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    token = body["token"]
+    deadline = time.monotonic() + REGISTRATION_WAIT
+    while True:
+        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
+        assert status == 200, f"GET /api/v1/agents -> {status}"
+        agents = body.get("agents") or []
+        if done(agents) or time.monotonic() > deadline:
+            return agents
+        time.sleep(2)
