@@ -384,6 +384,36 @@ STOP_SSH = (
 )
 
 
+# A re-deploy reads its facts in one batch and needs SSH again only for what changed: the
+# node must have work left when SSH goes, or it finishes without noticing. So its agent
+# package is removed, and dpkg's lock is held (outside SSH) until the cut: the reinstall then
+# waits in apt (DPkg::Lock::Timeout) whatever the timing.
+HOLD_DPKG_LOCK = (
+    "import fcntl, sys, time  # dtlab-hold-dpkg-lock\n"
+    "f = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+    "fcntl.lockf(f, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(900)\n"
+)
+
+
+def hold_dpkg_lock(node: str) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.lab", "--cluster", str(LAB_CLUSTER), "exec", node,
+         "python3", "-c", HOLD_DPKG_LOCK],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL)
+    line = holder.stdout.readline()
+    assert line.strip() == "locked", holder.stderr.read() if holder.poll() is not None else line
+    return holder
+
+
+def release_dpkg_lock(node: str, holder: subprocess.Popen) -> None:
+    lab_cli("exec", node, "pkill", "-f", "dtlab-hold-dpkg-lock")
+    holder.kill()
+    holder.wait()
+
+
 def deploy_losing_ssh(node: str, out, err) -> int:
     """A full deploy in the background; sshd of `node` stopped once operations run."""
     argv = [PYINFRA, "-y", "--json", str(LAB_INVENTORY), "deploy.py"]
@@ -409,6 +439,9 @@ def deploy_losing_ssh(node: str, out, err) -> int:
 def test_ssh_lost_on_one_node_mid_run(deployed, deploy, lab, tmp_path):
     node = lab.agents[-1].hostname
     out, err = tmp_path / "deploy.json", tmp_path / "deploy.err"
+    removed = lab_cli("exec", node, "dpkg", "-r", "determined-agent")
+    assert removed.returncode == 0, removed.stderr
+    holder = hold_dpkg_lock(node)
     try:
         rc = deploy_losing_ssh(node, out, err)
         run = DeployRun(rc, out.read_text(), err.read_text())
@@ -425,6 +458,7 @@ def test_ssh_lost_on_one_node_mid_run(deployed, deploy, lab, tmp_path):
         assert re.search(rf"^\s+{re.escape(node)}: SSH connection lost at '", tail, re.M), tail
         assert f"re-run: pyinfra -y --json {LAB_INVENTORY} deploy.py --limit {node}" in tail, tail
     finally:
+        release_dpkg_lock(node, holder)
         restore = lab_cli("exec", node, "systemctl", "start", "ssh.service")
         assert restore.returncode == 0, restore.stderr
     again = deploy(limit=node)
