@@ -62,8 +62,8 @@ from deploy.topology import (
     domains,
     record_domains,
 )
-from roles.determined_master import CONFIG_DIR, render
-from roles.shared_ops import packages, verified_deb
+from roles.determined_master import CONFIG_DIR, install_determined, render
+from roles.shared_ops import packages
 
 FILES = Path(__file__).resolve().parent.parent / "files" / "determined"
 AGENT_YAML = f"{CONFIG_DIR}/agent.yaml"
@@ -323,8 +323,6 @@ def note_domains(node: Node):
 def apply():
     cluster: Cluster = host.data.cluster
     node: Node = host.data.node
-    version = cluster.determined.version
-    source = cluster.sources.determined_agent
     per_domain = node.agent_layout == "per_domain"
 
     packages(["curl", "ca-certificates"], "download tools")
@@ -340,12 +338,7 @@ def apply():
                         user="root", group="root", mode="644")
 
     # install
-    package = verified_deb(
-        name=f"Install determined-agent {version} (sha256-pinned)",
-        package="determined-agent", version=version,
-        url=cluster.sources.determined_url("agent", version), sha256=source.sha256,
-        artifact=f"determined-agent {version} package",
-    )
+    package = install_determined(cluster, "agent")
 
     # activate
     if per_domain:

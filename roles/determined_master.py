@@ -41,6 +41,19 @@ DROP_IN = "/etc/systemd/system/determined-master.service.d/10-s3.conf"
 SERVICE = "determined-master.service"
 
 
+def install_determined(cluster, kind: str):
+    """The sha256-pinned determined-<kind> package (kind: master or agent) from
+    sources.determined_<kind>, unless that version is installed."""
+    version = cluster.determined.version
+    source = getattr(cluster.sources, f"determined_{kind}")
+    return verified_deb(
+        name=f"Install determined-{kind} {version} (sha256-pinned)",
+        package=f"determined-{kind}", version=version,
+        url=cluster.sources.determined_url(kind, version), sha256=source.sha256,
+        artifact=f"determined-{kind} {version} package",
+    )
+
+
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(FILES)),
@@ -88,8 +101,6 @@ def s3_env(cluster: Cluster) -> str:
 @deploy("Determined master")
 def apply():
     cluster: Cluster = host.data.cluster
-    version = cluster.determined.version
-    source = cluster.sources.determined_master
 
     packages(["curl", "ca-certificates"], "download and health-check tools")
 
@@ -104,12 +115,7 @@ def apply():
                         user="root", group="root", mode="644")
 
     # install
-    package = verified_deb(
-        name=f"Install determined-master {version} (sha256-pinned)",
-        package="determined-master", version=version,
-        url=cluster.sources.determined_url("master", version), sha256=source.sha256,
-        artifact=f"determined-master {version} package",
-    )
+    package = install_determined(cluster, "master")
 
     # activate
     def config_changed_alone() -> bool:
