@@ -59,8 +59,7 @@ def render_article_yaml(cluster: Cluster) -> str:
         f"# ({cluster.storage.region}) and AWS_DEFAULT_REGION in every S3 client's environment.\n"
         "# There is no `det-deploy on-prem`: deploy with `pyinfra inventories/<env>.py deploy.py`.\n"
     )
-    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False,
-                              default_flow_style=False)
+    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def main(argv: list[str] | None = None) -> int:

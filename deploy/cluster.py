@@ -117,12 +117,12 @@ class Versions:
 
     @property
     def driver_branch(self) -> str:
-        """"515" for 515.65.01: NVIDIA's package names carry the branch."""
+        """ "515" for 515.65.01: NVIDIA's package names carry the branch."""
         return self.nvidia_driver.split(".")[0]
 
     @property
     def cuda_major_minor(self) -> str:
-        """"11.7" for 11.7.1 (cuda-toolkit-11-7 uses it with a dash)."""
+        """ "11.7" for 11.7.1 (cuda-toolkit-11-7 uses it with a dash)."""
         return ".".join(self.cuda.split(".")[:2])
 
 
@@ -147,9 +147,7 @@ class Sources:
 
     def mofed_url_for(self, os_id: str, os_version: str, mofed_version: str) -> str:
         """MLNX_OFED tarballs are named per distro as ubuntu20.04, ubuntu22.04, debian12."""
-        return self.mofed_tarball.url.format(
-            version=mofed_version, distro=os_id.lower() + os_version
-        )
+        return self.mofed_tarball.url.format(version=mofed_version, distro=os_id.lower() + os_version)
 
     def determined_url(self, kind: str, version: str) -> str:
         if kind not in ARTIFACT_KINDS:
@@ -253,8 +251,11 @@ class Cluster:
 
     def to_json(self) -> dict:
         # pyinfra's JSON output (debug-inventory, --json) calls this; keep it short.
-        return {"file": str(self.path), "master_host": self.master_host,
-                "nodes": [n.hostname for n in self.nodes]}
+        return {
+            "file": str(self.path),
+            "master_host": self.master_host,
+            "nodes": [n.hostname for n in self.nodes],
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,8 +311,12 @@ def _index_document(reader: _Reader, node: yaml.Node, path: str) -> None:
             child = _join(path, key)
             line = key_node.start_mark.line + 1
             if child in reader.lines and key != "<<":
-                reader.add(child, "...", f"duplicate key (lines {reader.lines[child]} and "
-                                         f"{line}): YAML would keep only the last one")
+                reader.add(
+                    child,
+                    "...",
+                    f"duplicate key (lines {reader.lines[child]} and "
+                    f"{line}): YAML would keep only the last one",
+                )
             reader.lines.setdefault(child, line)
             _index_document(reader, value_node, child)
     elif isinstance(node, yaml.SequenceNode):
@@ -379,8 +384,14 @@ class _Reader:
     def bad(self, key: str, value: object, message: str) -> None:
         self.add(key, _show(value), message)
 
-    def mapping(self, raw: object, path: str, allowed: tuple[str, ...],
-                required: str = "", holds_secrets: bool = False) -> _Map:
+    def mapping(
+        self,
+        raw: object,
+        path: str,
+        allowed: tuple[str, ...],
+        required: str = "",
+        holds_secrets: bool = False,
+    ) -> _Map:
         return _Map(self, raw, path, allowed, required, holds_secrets=holds_secrets)
 
 
@@ -391,8 +402,16 @@ class _Map:
     broken; its fields and sub-maps then stay silent instead of repeating the problem.
     """
 
-    def __init__(self, reader: _Reader, raw: object, path: str, allowed: tuple[str, ...],
-                 required: str = "", parent: _Map | None = None, holds_secrets: bool = False):
+    def __init__(
+        self,
+        reader: _Reader,
+        raw: object,
+        path: str,
+        allowed: tuple[str, ...],
+        required: str = "",
+        parent: _Map | None = None,
+        holds_secrets: bool = False,
+    ):
         self.r = reader
         self.path = path
         self.data: dict = {}
@@ -413,16 +432,17 @@ class _Map:
             self.data = raw
             for key in raw:
                 if key not in allowed:
-                    hint = (_did_you_mean(key, list(allowed))
-                            or f"; allowed here: {', '.join(allowed)}")
+                    hint = _did_you_mean(key, list(allowed)) or f"; allowed here: {', '.join(allowed)}"
                     # Never show the value: a mistyped `pasword:` would hold a secret.
                     shown_key = key if isinstance(key, str) else repr(key)
                     reader.add(_join(path, shown_key), "...", f"unknown key{hint}")
 
-    def sub(self, key: str, allowed: tuple[str, ...], required: str = "",
-            holds_secrets: bool = False) -> _Map:
-        return _Map(self.r, self.raw(key), self.key(key), allowed, required, parent=self,
-                    holds_secrets=holds_secrets)
+    def sub(
+        self, key: str, allowed: tuple[str, ...], required: str = "", holds_secrets: bool = False
+    ) -> _Map:
+        return _Map(
+            self.r, self.raw(key), self.key(key), allowed, required, parent=self, holds_secrets=holds_secrets
+        )
 
     def key(self, key: str) -> str:
         return _join(self.path, key)
@@ -430,8 +450,9 @@ class _Map:
     def raw(self, key: str) -> object:
         return self.data.get(key, _MISSING)
 
-    def get(self, key: str, check: Callable[[_Reader, str, Any], Any], default: Any = _REQUIRED,
-            what: str = "") -> Any:
+    def get(
+        self, key: str, check: Callable[[_Reader, str, Any], Any], default: Any = _REQUIRED, what: str = ""
+    ) -> Any:
         value = self.raw(key)
         path = self.key(key)
         required = f"required: {what}" if what else "required"
@@ -455,8 +476,11 @@ class _Map:
         path = self.key(key)
         if raw is _MISSING or raw is None:
             if not self.broken:
-                self.r.add(path, describe(raw) if raw is None else "(missing)",
-                           f"required: {what}, as {{env: NAME}} or {{file: PATH}}")
+                self.r.add(
+                    path,
+                    describe(raw) if raw is None else "(missing)",
+                    f"required: {what}, as {{env: NAME}} or {{file: PATH}}",
+                )
             return None
         try:
             ref = parse_reference(raw)
@@ -482,6 +506,7 @@ def _int(lo: int, hi: int | None = None) -> Callable:
         span = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
         r.bad(path, v, f"must be an integer {span}")
         return None
+
     return check
 
 
@@ -494,6 +519,7 @@ def _number_at_least(lo: float) -> Callable:
             return float(v)
         r.bad(path, v, f"must be a number of at least {lo:g}")
         return None
+
     return check
 
 
@@ -514,6 +540,7 @@ def _choice(options: tuple[str, ...]) -> Callable:
             hint = " (YAML reads unquoted yes/no/on/off as true/false)"
         r.bad(path, v, f"must be one of {', '.join(options)}{hint}")
         return None
+
     return check
 
 
@@ -525,6 +552,7 @@ def _matching(pattern: str, description: str) -> Callable:
             return v
         r.bad(path, v, f"must be {description}")
         return None
+
     return check
 
 
@@ -537,6 +565,7 @@ def _version(example: str, pattern: str = r"\d+\.\d+\.\d+") -> Callable:
         hint = " (quote it: YAML read it as a number)" if isinstance(v, (int, float)) else ""
         r.bad(path, v, f"must be a version like {example!r}{hint}")
         return None
+
     return check
 
 
@@ -584,8 +613,13 @@ def _ipv4(r: _Reader, path: str, v: Any) -> ipaddress.IPv4Address | None:
 _FORMATTER = string.Formatter()
 
 
-def _url(schemes: tuple[str, ...], *, placeholders: tuple[str, ...] = (),
-         trailing_slash: bool | None = None, path_allowed: bool = True) -> Callable:
+def _url(
+    schemes: tuple[str, ...],
+    *,
+    placeholders: tuple[str, ...] = (),
+    trailing_slash: bool | None = None,
+    path_allowed: bool = True,
+) -> Callable:
     """A URL (template). placeholders: the {names} it must contain, and the only ones allowed."""
 
     def check(r: _Reader, path: str, v: Any) -> str | None:
@@ -617,6 +651,7 @@ def _url(schemes: tuple[str, ...], *, placeholders: tuple[str, ...] = (),
         else:
             return v
         return None
+
     return check
 
 
@@ -625,8 +660,7 @@ def _sha256(m: _Map, key: str, artifact: str) -> str | None:
     path = m.key(key)
     if v is _MISSING or v is None:
         if not m.broken:
-            m.r.bad(path, v, f"not pinned: write the sha256 of the {artifact} here "
-                             "(`sha256sum FILE`)")
+            m.r.bad(path, v, f"not pinned: write the sha256 of the {artifact} here (`sha256sum FILE`)")
         return None
     if isinstance(v, str) and re.fullmatch(r"[0-9a-fA-F]{64}", v):
         return v.lower()
@@ -635,8 +669,9 @@ def _sha256(m: _Map, key: str, artifact: str) -> str | None:
 
 
 _HOSTNAME = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_hostname = _matching(_HOSTNAME, "a hostname (RFC 1123 label: letters, digits and '-', "
-                                 "1-63 characters, no '-' at either end)")
+_hostname = _matching(
+    _HOSTNAME, "a hostname (RFC 1123 label: letters, digits and '-', 1-63 characters, no '-' at either end)"
+)
 
 
 def _bucket_problem(name: str) -> str | None:
@@ -669,8 +704,12 @@ def _bucket(r: _Reader, path: str, v: Any) -> str | None:
 
 def _allowed_os(r: _Reader, path: str, v: Any) -> tuple | None:
     if not isinstance(v, dict) or not v:
-        r.bad(path, v, "must map '<Distribution> <version>' to kernel patterns, "
-                       "like {'Ubuntu 20.04': ['5.4.0-100-generic']}")
+        r.bad(
+            path,
+            v,
+            "must map '<Distribution> <version>' to kernel patterns, "
+            "like {'Ubuntu 20.04': ['5.4.0-100-generic']}",
+        )
         return None
     pairs = []
     ok = True
@@ -679,10 +718,16 @@ def _allowed_os(r: _Reader, path: str, v: Any) -> tuple | None:
             r.bad(path, name, "keys must read '<Distribution> <version>', like 'Ubuntu 20.04'")
             ok = False
             continue
-        if (not isinstance(patterns, list) or not patterns
-                or not all(isinstance(p, str) and p for p in patterns)):
-            r.bad(_join(path, name), patterns,
-                  "must be a non-empty list of kernel patterns, like ['5.4.0-100-generic']")
+        if (
+            not isinstance(patterns, list)
+            or not patterns
+            or not all(isinstance(p, str) and p for p in patterns)
+        ):
+            r.bad(
+                _join(path, name),
+                patterns,
+                "must be a non-empty list of kernel patterns, like ['5.4.0-100-generic']",
+            )
             ok = False
             continue
         pairs.append((name, tuple(patterns)))
@@ -691,18 +736,33 @@ def _allowed_os(r: _Reader, path: str, v: Any) -> tuple | None:
 
 # --- the sections ----------------------------------------------------------------------------
 
-_TOP_KEYS = ("master_host", "master_port", "ssh", "network", "preflight", "nodes", "versions",
-             "sources", "storage", "database", "determined", "reboot")
+_TOP_KEYS = (
+    "master_host",
+    "master_port",
+    "ssh",
+    "network",
+    "preflight",
+    "nodes",
+    "versions",
+    "sources",
+    "storage",
+    "database",
+    "determined",
+    "reboot",
+)
 
 
 def _build(r: _Reader, raw: object, path: Path) -> Cluster | None:
     if raw is None:
-        r.add("", "None", "the file is empty: expected a mapping with master_host, network, "
-                          "nodes, sources, storage, database, determined")
+        r.add(
+            "",
+            "None",
+            "the file is empty: expected a mapping with master_host, network, "
+            "nodes, sources, storage, database, determined",
+        )
         return None
     if not isinstance(raw, dict):
-        r.add("", describe(raw), "the top level must be a mapping of keys (master_host, "
-                                 "nodes, ...)")
+        r.add("", describe(raw), "the top level must be a mapping of keys (master_host, nodes, ...)")
         return None
     top = r.mapping(raw, "", _TOP_KEYS)
 
@@ -713,9 +773,12 @@ def _build(r: _Reader, raw: object, path: Path) -> Cluster | None:
     preflight = _preflight(r, top.raw("preflight"))
     versions = _versions(r, top.raw("versions"))
     sources = _sources(r, top.raw("sources"))
-    storage_map = top.sub("storage", _STORAGE_KEYS,
-                          required="bucket, access_key and secret_key of the checkpoint store",
-                          holds_secrets=True)
+    storage_map = top.sub(
+        "storage",
+        _STORAGE_KEYS,
+        required="bucket, access_key and secret_key of the checkpoint store",
+        holds_secrets=True,
+    )
     storage_host = storage_map.get("host", _hostname, master_host)
     determined = _determined(r, top.raw("determined"))
     roleless: list[tuple[str, object]] = []
@@ -731,26 +794,38 @@ def _build(r: _Reader, raw: object, path: Path) -> Cluster | None:
             if key == "storage.host" and storage_map.raw("host") is _MISSING:
                 continue  # the default, master_host: already reported if wrong
             if name is not None and name not in hostnames:
-                r.bad(key, name, "not the hostname of a node under nodes"
-                      + _did_you_mean(name, hostnames))
+                r.bad(key, name, "not the hostname of a node under nodes" + _did_you_mean(name, hostnames))
         if master_host in hostnames and storage_host in hostnames:
             # Otherwise a node's missing role is only a consequence of the wrong name.
             for key, raw_roles in roleless:
-                r.bad(key, raw_roles, "the node has no role: list agent, or name it in "
-                                      "master_host or storage.host")
+                r.bad(
+                    key,
+                    raw_roles,
+                    "the node has no role: list agent, or name it in master_host or storage.host",
+                )
     _port_clashes(r, ssh, master_host, master_port, storage_host, storage, database)
 
     if r.problems:
         return None
-    return Cluster(path=path, master_host=master_host, master_port=master_port, ssh=ssh,
-                   network=network, preflight=preflight, nodes=nodes, versions=versions,
-                   sources=sources, storage=storage, database=database, determined=determined,
-                   reboot=reboot)
+    return Cluster(
+        path=path,
+        master_host=master_host,
+        master_port=master_port,
+        ssh=ssh,
+        network=network,
+        preflight=preflight,
+        nodes=nodes,
+        versions=versions,
+        sources=sources,
+        storage=storage,
+        database=database,
+        determined=determined,
+        reboot=reboot,
+    )
 
 
 def _ssh(r: _Reader, raw: object) -> Ssh:
-    m = r.mapping(raw, "ssh", ("user", "port", "key_file", "strict_host_key_checking",
-                               "known_hosts_file"))
+    m = r.mapping(raw, "ssh", ("user", "port", "key_file", "strict_host_key_checking", "known_hosts_file"))
     return Ssh(
         user=m.get("user", _matching(r"[a-z_][a-z0-9_.-]*", "a user name"), "root"),
         port=m.get("port", _port, 22),
@@ -761,14 +836,16 @@ def _ssh(r: _Reader, raw: object) -> Ssh:
 
 
 def _network(r: _Reader, raw: object) -> Network:
-    m = r.mapping(raw, "network", ("management", "ipoib"),
-                  required="the management and IPoIB subnets")
+    m = r.mapping(raw, "network", ("management", "ipoib"), required="the management and IPoIB subnets")
     management = m.get("management", _cidr, what="the management subnet, like '10.0.0.0/24'")
     ib = m.sub("ipoib", ("interface", "subnet", "mtu"), required="at least its subnet")
     subnet = ib.get("subnet", _cidr, what="the IPoIB subnet, like '10.10.0.0/24'")
     if management is not None and subnet is not None and subnet.overlaps(management):
-        r.bad("network.ipoib.subnet", str(subnet),
-              f"overlaps network.management ({management}): IPoIB needs a subnet of its own")
+        r.bad(
+            "network.ipoib.subnet",
+            str(subnet),
+            f"overlaps network.management ({management}): IPoIB needs a subnet of its own",
+        )
         subnet = None
     interface = _matching(r"[A-Za-z0-9_.-]{1,15}", "a network interface name (1-15 characters)")
     ipoib = IpoibNetwork(
@@ -792,12 +869,10 @@ def _preflight(r: _Reader, raw: object) -> Preflight:
 def _versions(r: _Reader, raw: object) -> Versions:
     m = r.mapping(raw, "versions", tuple(DEFAULT_VERSIONS))
     return Versions(
-        nvidia_driver=m.get("nvidia_driver", _version("515.65.01"),
-                            DEFAULT_VERSIONS["nvidia_driver"]),
+        nvidia_driver=m.get("nvidia_driver", _version("515.65.01"), DEFAULT_VERSIONS["nvidia_driver"]),
         cuda=m.get("cuda", _version("11.7.1"), DEFAULT_VERSIONS["cuda"]),
         nccl=m.get("nccl", _version("2.14.3"), DEFAULT_VERSIONS["nccl"]),
-        mofed=m.get("mofed", _version("5.8-3.0.7.0", r"\d+\.\d+-[\d.]+"),
-                    DEFAULT_VERSIONS["mofed"]),
+        mofed=m.get("mofed", _version("5.8-3.0.7.0", r"\d+\.\d+-[\d.]+"), DEFAULT_VERSIONS["mofed"]),
     )
 
 
@@ -811,25 +886,42 @@ _ARTIFACTS = {
 
 
 def _sources(r: _Reader, raw: object) -> Sources:
-    m = r.mapping(raw, "sources", ("apt_proxy", "cuda_repo", *_ARTIFACTS),
-                  required="where the MLNX_OFED, MinIO and Determined files come from, "
-                           "each pinned by sha256")
+    m = r.mapping(
+        raw,
+        "sources",
+        ("apt_proxy", "cuda_repo", *_ARTIFACTS),
+        required="where the MLNX_OFED, MinIO and Determined files come from, each pinned by sha256",
+    )
     artifacts = {}
     for key, (what, placeholders) in _ARTIFACTS.items():
         a = m.sub(key, ("url", "sha256"), required=f"{{url, sha256}} of the {what}")
-        url = a.get("url", _url(("http", "https"), placeholders=placeholders),
-                    what=f"where to download the {what}")
+        url = a.get(
+            "url", _url(("http", "https"), placeholders=placeholders), what=f"where to download the {what}"
+        )
         artifacts[key] = Artifact(url=url, sha256=_sha256(a, "sha256", what))
     return Sources(
         apt_proxy=m.get("apt_proxy", _url(("http",)), None),
-        cuda_repo=m.get("cuda_repo", _url(("http", "https"), placeholders=("distro",),
-                                          trailing_slash=True), DEFAULT_CUDA_REPO),
+        cuda_repo=m.get(
+            "cuda_repo",
+            _url(("http", "https"), placeholders=("distro",), trailing_slash=True),
+            DEFAULT_CUDA_REPO,
+        ),
         **artifacts,
     )
 
 
-_STORAGE_KEYS = ("host", "bucket", "region", "port", "console_port", "data_dir", "endpoint_url",
-                 "prefix", "access_key", "secret_key")
+_STORAGE_KEYS = (
+    "host",
+    "bucket",
+    "region",
+    "port",
+    "console_port",
+    "data_dir",
+    "endpoint_url",
+    "prefix",
+    "access_key",
+    "secret_key",
+)
 
 
 def _storage(r: _Reader, m: _Map, host: str | None) -> Storage:
@@ -837,8 +929,7 @@ def _storage(r: _Reader, m: _Map, host: str | None) -> Storage:
     console_port = m.get("console_port", _port, 9001)
     if port is not None and port == console_port:
         r.bad("storage.console_port", console_port, "must differ from storage.port")
-    endpoint = m.get("endpoint_url", _url(("http", "https"), trailing_slash=False,
-                                          path_allowed=False), None)
+    endpoint = m.get("endpoint_url", _url(("http", "https"), trailing_slash=False, path_allowed=False), None)
     if m.raw("endpoint_url") in (_MISSING, None) and host is not None and port is not None:
         endpoint = f"http://{host}:{port}"
     data_dir = m.get("data_dir", _abs_path, "/mnt/data")
@@ -848,16 +939,25 @@ def _storage(r: _Reader, m: _Map, host: str | None) -> Storage:
     secret_key = m.secret("secret_key", "MinIO's root password (S3 secret key)")
     # MinIO refuses to start with a root user under 3 or a password under 8 characters.
     if access_key is not None and access_key.resolved and len(access_key.value) < 3:
-        r.add("storage.access_key", str(access_key.reference),
-              "too short: MinIO needs an access key of at least 3 characters")
+        r.add(
+            "storage.access_key",
+            str(access_key.reference),
+            "too short: MinIO needs an access key of at least 3 characters",
+        )
     if secret_key is not None and secret_key.resolved and len(secret_key.value) < 8:
-        r.add("storage.secret_key", str(secret_key.reference),
-              "too short: MinIO needs a secret key of at least 8 characters")
+        r.add(
+            "storage.secret_key",
+            str(secret_key.reference),
+            "too short: MinIO needs a secret key of at least 8 characters",
+        )
     return Storage(
         host=host,
         bucket=m.get("bucket", _bucket, what="the S3 bucket for checkpoints"),
-        region=m.get("region", _matching(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}",
-                                         "a region name like 'us-east-1'"), "us-east-1"),
+        region=m.get(
+            "region",
+            _matching(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "a region name like 'us-east-1'"),
+            "us-east-1",
+        ),
         port=port,
         console_port=console_port,
         data_dir=data_dir,
@@ -869,10 +969,14 @@ def _storage(r: _Reader, m: _Map, host: str | None) -> Storage:
 
 
 def _database(r: _Reader, raw: object) -> Database:
-    m = r.mapping(raw, "database", ("name", "user", "port", "password"),
-                  required="at least password", holds_secrets=True)
-    identifier = _matching(r"[A-Za-z_][A-Za-z0-9_]{0,62}", "a PostgreSQL identifier "
-                                                         "(letters, digits, '_')")
+    m = r.mapping(
+        raw,
+        "database",
+        ("name", "user", "port", "password"),
+        required="at least password",
+        holds_secrets=True,
+    )
+    identifier = _matching(r"[A-Za-z_][A-Za-z0-9_]{0,62}", "a PostgreSQL identifier (letters, digits, '_')")
     return Database(
         name=m.get("name", identifier, "determined"),
         user=m.get("user", identifier, "determined"),
@@ -900,22 +1004,29 @@ def _password_policy(value: str) -> list[str]:
 
 
 def _determined(r: _Reader, raw: object) -> Determined:
-    m = r.mapping(raw, "determined", ("version", "admin_password", "agent_layout",
-                                      "resource_pool", "slot_type"),
-                  required="at least admin_password", holds_secrets=True)
+    m = r.mapping(
+        raw,
+        "determined",
+        ("version", "admin_password", "agent_layout", "resource_pool", "slot_type"),
+        required="at least admin_password",
+        holds_secrets=True,
+    )
     admin = m.secret("admin_password", "the initial password of Determined's admin user")
     if admin is not None and admin.resolved:
         missing = _password_policy(admin.value)
         if missing:
-            r.add("determined.admin_password", str(admin.reference),
-                  "the password does not meet Determined's policy: it needs "
-                  + _and(missing))
+            r.add(
+                "determined.admin_password",
+                str(admin.reference),
+                "the password does not meet Determined's policy: it needs " + _and(missing),
+            )
     return Determined(
         version=m.get("version", _version("0.38.0"), DEFAULT_DETERMINED_VERSION),
         admin_password=admin,
         agent_layout=m.get("agent_layout", _choice(AGENT_LAYOUTS), "per_node"),
-        resource_pool=m.get("resource_pool", _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*",
-                                                       "a resource pool name"), "default"),
+        resource_pool=m.get(
+            "resource_pool", _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a resource pool name"), "default"
+        ),
         slot_type=m.get("slot_type", _choice(SLOT_TYPES), "cuda"),
     )
 
@@ -939,9 +1050,15 @@ def _roles(r: _Reader, path: str, v: Any) -> tuple[str, ...] | None:
 _NODE_KEYS = ("hostname", "address", "ipoib_address", "roles", "slots", "agent_layout")
 
 
-def _nodes(r: _Reader, top: _Map, network: Network, master_host: str | None,
-           storage_host: str | None, determined: Determined,
-           roleless: list[tuple[str, object]]) -> tuple[Node, ...] | None:
+def _nodes(
+    r: _Reader,
+    top: _Map,
+    network: Network,
+    master_host: str | None,
+    storage_host: str | None,
+    determined: Determined,
+    roleless: list[tuple[str, object]],
+) -> tuple[Node, ...] | None:
     raw = top.raw("nodes")
     if raw is _MISSING or raw is None:
         if not top.broken:
@@ -967,36 +1084,44 @@ def _nodes(r: _Reader, top: _Map, network: Network, master_host: str | None,
 
         if hostname is not None:
             if hostname.lower() in seen_names:
-                r.bad(m.key("hostname"), hostname,
-                      f"duplicate: {seen_names[hostname.lower()]} has the same hostname")
+                r.bad(
+                    m.key("hostname"),
+                    hostname,
+                    f"duplicate: {seen_names[hostname.lower()]} has the same hostname",
+                )
             seen_names.setdefault(hostname.lower(), m.key("hostname"))
         if address is not None and management is not None:
             _check_in_subnet(r, m.key("address"), address, management, "network.management")
         if ipoib_address is not None:
             if management is not None and ipoib_address in management:
-                r.bad(m.key("ipoib_address"), str(ipoib_address),
-                      f"is inside network.management ({management}): IPoIB addresses "
-                      "belong to network.ipoib.subnet")
+                r.bad(
+                    m.key("ipoib_address"),
+                    str(ipoib_address),
+                    f"is inside network.management ({management}): IPoIB addresses "
+                    "belong to network.ipoib.subnet",
+                )
             elif ipoib is not None:
-                _check_in_subnet(r, m.key("ipoib_address"), ipoib_address, ipoib,
-                                 "network.ipoib.subnet")
+                _check_in_subnet(r, m.key("ipoib_address"), ipoib_address, ipoib, "network.ipoib.subnet")
         for key, addr in (("address", address), ("ipoib_address", ipoib_address)):
             if addr is None:
                 continue
             if addr in seen_addresses:
-                r.bad(m.key(key), str(addr), f"duplicate: {seen_addresses[addr]} has the same "
-                                              "address")
+                r.bad(m.key(key), str(addr), f"duplicate: {seen_addresses[addr]} has the same address")
             seen_addresses.setdefault(addr, m.key(key))
 
         roles = set(declared or ())
-        for role, owner, owner_key in (("master", master_host, "master_host"),
-                                       ("storage", storage_host, "storage.host")):
+        for role, owner, owner_key in (
+            ("master", master_host, "master_host"),
+            ("storage", storage_host, "storage.host"),
+        ):
             if hostname is not None and hostname == owner:
                 roles.add(role)
             elif role in roles and owner is not None and hostname is not None:
-                r.bad(m.key("roles"), list(declared),
-                      f"lists {role}, but {owner_key} is {owner!r}: only that node has the "
-                      f"{role} role")
+                r.bad(
+                    m.key("roles"),
+                    list(declared),
+                    f"lists {role}, but {owner_key} is {owner!r}: only that node has the {role} role",
+                )
         if declared is not None and not roles and hostname is not None:
             roleless.append((m.key("roles"), m.raw("roles")))
         is_agent = "agent" in roles
@@ -1005,21 +1130,23 @@ def _nodes(r: _Reader, top: _Map, network: Network, master_host: str | None,
         if not is_agent and declared is not None:
             for key, value in (("slots", slots), ("agent_layout", layout)):
                 if value is not None:
-                    r.bad(m.key(key), value, "only agents have this: add agent to roles or "
-                                             "remove it")
-        nodes.append(Node(
-            hostname=hostname,
-            address=address,
-            ipoib_address=ipoib_address,
-            roles=tuple(role for role in ROLES if role in roles),
-            slots=(slots or DEFAULT_SLOTS) if is_agent else None,
-            agent_layout=(layout or determined.agent_layout) if is_agent else None,
-        ))
+                    r.bad(m.key(key), value, "only agents have this: add agent to roles or remove it")
+        nodes.append(
+            Node(
+                hostname=hostname,
+                address=address,
+                ipoib_address=ipoib_address,
+                roles=tuple(role for role in ROLES if role in roles),
+                slots=(slots or DEFAULT_SLOTS) if is_agent else None,
+                agent_layout=(layout or determined.agent_layout) if is_agent else None,
+            )
+        )
     return tuple(nodes)
 
 
-def _check_in_subnet(r: _Reader, path: str, addr: ipaddress.IPv4Address,
-                     subnet: ipaddress.IPv4Network, subnet_key: str) -> None:
+def _check_in_subnet(
+    r: _Reader, path: str, addr: ipaddress.IPv4Address, subnet: ipaddress.IPv4Network, subnet_key: str
+) -> None:
     if addr not in subnet:
         r.bad(path, str(addr), f"not in {subnet_key} ({subnet})")
     elif subnet.prefixlen < 31 and addr in (subnet.network_address, subnet.broadcast_address):
@@ -1027,8 +1154,15 @@ def _check_in_subnet(r: _Reader, path: str, addr: ipaddress.IPv4Address,
         r.bad(path, str(addr), f"is the {which} address of {subnet_key} ({subnet})")
 
 
-def _port_clashes(r: _Reader, ssh: Ssh, master_host: str | None, master_port: int | None,
-                  storage_host: str | None, storage: Storage, database: Database) -> None:
+def _port_clashes(
+    r: _Reader,
+    ssh: Ssh,
+    master_host: str | None,
+    master_port: int | None,
+    storage_host: str | None,
+    storage: Storage,
+    database: Database,
+) -> None:
     # Services sharing a host must not share a port (the article's pitfall 5: a clash makes
     # the later service fail with only 'Address already in use' in its journal).
     listeners = [

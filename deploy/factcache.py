@@ -65,8 +65,12 @@ def forget(host) -> None:
 
 
 def cacheable(cls) -> bool:
-    return (isinstance(cls, type) and issubclass(cls, FactBase)
-            and not issubclass(cls, ShortFactBase) and cls not in VOLATILE)
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, FactBase)
+        and not issubclass(cls, ShortFactBase)
+        and cls not in VOLATILE
+    )
 
 
 def freeze(value):
@@ -88,6 +92,7 @@ def cache_key(cls, args: tuple, kwargs: dict) -> tuple | None:
 
 
 # --- which facts a host asks for, kept between runs -------------------------------------------
+
 
 def wanted_entry(cls, args: tuple, kwargs: dict) -> str | None:
     """One fact request as JSON, or None when it would not come back the same from JSON."""
@@ -158,6 +163,7 @@ def save_wanted(host) -> None:
 
 # --- reading many facts in one command ---------------------------------------------------------
 
+
 def shell_text(command) -> str | None:
     """A fact's command as shell text, or None if it hides a secret (it would be logged)."""
     if command is None or isinstance(command, str):
@@ -172,8 +178,7 @@ def batch_script(commands: list[str]) -> str:
     """Each command in a subshell between markers that carry its exit status."""
     parts = []
     for i, command in enumerate(commands):
-        parts.append(f"echo '{MARK} {i}'; ( {command} ) 2>/dev/null; "
-                     f"printf '\\n{MARK} {i} rc=%s\\n' \"$?\"")
+        parts.append(f"echo '{MARK} {i}'; ( {command} ) 2>/dev/null; printf '\\n{MARK} {i} rc=%s\\n' \"$?\"")
     return "\n".join(parts)
 
 
@@ -183,7 +188,7 @@ def parse_batch(lines: list[str]) -> dict[int, tuple[int, list[str]]]:
     current, body = None, []
     for line in lines:
         if line.startswith(MARK + " "):
-            rest = line[len(MARK) + 1:]
+            rest = line[len(MARK) + 1 :]
             index, sep, rc = rest.partition(" rc=")
             if sep and current is not None and index == str(current):
                 if body and body[-1] == "":
@@ -241,7 +246,10 @@ def read_batch(state, host, wanted: list[tuple]) -> int:
         return 0
     status, output = host.run_shell_command(
         pyinfra_command.StringCommand(batch_script(commands)),
-        print_output=False, print_input=False, **(connector_kwargs or {}))
+        print_output=False,
+        print_input=False,
+        **(connector_kwargs or {}),
+    )
     if not status:
         return 0
     cached = 0
@@ -286,6 +294,7 @@ def prefetch(state, host) -> None:
 
 
 # --- pyinfra hooks ---------------------------------------------------------------------------
+
 
 def _cached_get_fact(original):
     def get_fact(self, name_or_cls, *args, **kwargs):

@@ -32,8 +32,10 @@ class NetDevice(FactBase):
     """State of one network interface: up flag, MTU and IPv4 addresses with prefix."""
 
     def command(self, interface):
-        return (f"ip -o -4 addr show dev {interface} 2>/dev/null; "
-                f"ip -o link show dev {interface} 2>/dev/null || true")
+        return (
+            f"ip -o -4 addr show dev {interface} 2>/dev/null; "
+            f"ip -o link show dev {interface} 2>/dev/null || true"
+        )
 
     @staticmethod
     def default():
@@ -58,7 +60,7 @@ class FirewallRules(FactBase):
     def command(self):
         return (
             "for t in iptables ip6tables; do "
-            "if command -v $t-save >/dev/null; then echo \"@@ $t\"; $t-save; fi; done"
+            'if command -v $t-save >/dev/null; then echo "@@ $t"; $t-save; fi; done'
         )
 
     @staticmethod

@@ -90,7 +90,6 @@ class ResolvedPath(FactBase):
         return output[0].strip() if output and output[0].strip() else None
 
 
-
 class RebootRequiredPackages(FactBase):
     """Packages listed in /run/reboot-required.pkgs (Debian's "reboot needed" note), a set.
 
@@ -125,8 +124,7 @@ def parse_ibstat(lines) -> dict[tuple[str, int], dict[str, str]]:
         indent = len(text) - len(text.lstrip())
         if line.startswith("CA '") and line.endswith("'"):
             ca, port = line[4:-1], None
-        elif ca is not None and line.startswith("Port ") and line.endswith(":") \
-                and line[5:-1].isdigit():
+        elif ca is not None and line.startswith("Port ") and line.endswith(":") and line[5:-1].isdigit():
             port, port_indent = (ca, int(line[5:-1])), indent
             ports[port] = {}
         elif port is not None and indent > port_indent and ":" in line:

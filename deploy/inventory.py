@@ -44,8 +44,10 @@ def groups(cluster_yaml_path: str | Path) -> dict[str, list[tuple[str, dict]]]:
     except ClusterError as e:
         for problem in e.problems:
             print(problem, file=sys.stderr)
-        print(f"{cluster_yaml_path}: {len(e.problems)} problem(s); stopped before connecting to any host",
-              file=sys.stderr)
+        print(
+            f"{cluster_yaml_path}: {len(e.problems)} problem(s); stopped before connecting to any host",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return {
         group: [(node.hostname, host_data(cluster, node)) for node in cluster.nodes_with(role)]

@@ -95,8 +95,7 @@ def driver_pins(version: str) -> PinSet:
     branch = driver_branch(version)
     meta = (f"cuda-drivers-{branch}", f"{version}-{DRIVER_META_REVISION}")
     subs = tuple(
-        (name.format(branch=branch), f"{version}-{DRIVER_PACKAGE_REVISION}")
-        for name in DRIVER_SUBPACKAGES
+        (name.format(branch=branch), f"{version}-{DRIVER_PACKAGE_REVISION}") for name in DRIVER_SUBPACKAGES
     )
     return PinSet(name="nvidia-driver", packages=(meta,) + subs)
 

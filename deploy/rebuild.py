@@ -59,8 +59,7 @@ class Master:
         self.timeout = timeout
         self.token: str | None = None
 
-    def request(self, method: str, path: str, body: dict | None = None,
-                auth: bool = True) -> dict:
+    def request(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
         headers = {"Content-Type": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.login()}"
@@ -86,8 +85,10 @@ class Master:
             try:
                 self.token = self.request("POST", "/api/v1/auth/login", body, auth=False)["token"]
             except MasterError as e:
-                raise MasterError(f"login as {self.username} failed ({e}); if the admin password "
-                                  "was changed after the first boot, set DET_USER/DET_PASS") from None
+                raise MasterError(
+                    f"login as {self.username} failed ({e}); if the admin password "
+                    "was changed after the first boot, set DET_USER/DET_PASS"
+                ) from None
         return self.token
 
     def healthy(self) -> bool:
@@ -112,8 +113,9 @@ def agents_of(node: Node, agents: list[dict]) -> list[dict]:
     """The node's agents: id `<hostname>` (per_node) or `<hostname>-<i>` (per_domain), or
     connected from the node's management address."""
     pattern = re.compile(rf"{re.escape(node.hostname)}(-\d+)?")
-    return [a for a in agents
-            if pattern.fullmatch(a["id"]) or str(node.address) in (a.get("addresses") or [])]
+    return [
+        a for a in agents if pattern.fullmatch(a["id"]) or str(node.address) in (a.get("addresses") or [])
+    ]
 
 
 def expected_back(node: Node, ids: list[str]) -> list[str]:
@@ -204,14 +206,18 @@ def back_in_service(master: Master, node: Node, expected: list[str], timeout: fl
         if enabled is None:
             time.sleep(2)
     if enabled is None:
-        say(f"{node.hostname}: its agents did not register and accept enable within "
+        say(
+            f"{node.hostname}: its agents did not register and accept enable within "
             f"{timeout:.0f} s (expected {', '.join(expected) or 'at least one'}); check "
-            "`journalctl -u 'determined-agent*'` on the node")
+            "`journalctl -u 'determined-agent*'` on the node"
+        )
         return False
     for agent in enabled:
         slots = len(agent.get("slots") or {})
-        say(f"agent {agent['id']} registered ({slots} slots) and "
-            f"{'enabled' if agent['enabled'] else 'NOT enabled'}")
+        say(
+            f"agent {agent['id']} registered ({slots} slots) and "
+            f"{'enabled' if agent['enabled'] else 'NOT enabled'}"
+        )
     return all(agent["enabled"] for agent in enabled)
 
 
@@ -232,12 +238,18 @@ def master_back(master: Master, cluster: Cluster, timeout: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.rebuild", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m deploy.rebuild",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("inventory", type=Path, help="e.g. inventories/prod.py")
     parser.add_argument("node", help="hostname of the node to rebuild, as in cluster.yaml")
-    parser.add_argument("--timeout", type=float, default=300,
-                        help="seconds to wait for the master and agents after the deploy")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300,
+        help="seconds to wait for the master and agents after the deploy",
+    )
     args, extra = parser.parse_known_args(argv)
     inventory = args.inventory.resolve()
     if not inventory.exists():
@@ -257,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     say(f"deploying {node.hostname}: {' '.join(argv_)}")
     rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL).returncode
     if rc != 0:
-        say(f"the deploy of {node.hostname} failed (exit status {rc})"
+        say(
+            f"the deploy of {node.hostname} failed (exit status {rc})"
             + ("; its agents stay disabled" if disabled else "")
-            + f"; fix the cause and re-run: python -m deploy.rebuild {args.inventory} {node.hostname}")
+            + f"; fix the cause and re-run: python -m deploy.rebuild {args.inventory} {node.hostname}"
+        )
         return rc
 
     ok = True

@@ -31,14 +31,18 @@ def endpoint(cluster: Cluster) -> str:
     return f"{cluster.storage_node.address}:{cluster.storage.port}"
 
 
-def client(cluster: Cluster, access_key: str | None = None, secret_key: str | None = None,
-           timeout: float = 10.0, retries: int = 2) -> Minio:
+def client(
+    cluster: Cluster,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    timeout: float = 10.0,
+    retries: int = 2,
+) -> Minio:
     """A client signing for storage.region; the root keys from cluster.yaml by default."""
     storage = cluster.storage
     http = urllib3.PoolManager(
         timeout=urllib3.Timeout(connect=timeout, read=timeout),
-        retries=urllib3.Retry(total=retries, backoff_factor=0.5,
-                              status_forcelist=[500, 502, 503, 504]),
+        retries=urllib3.Retry(total=retries, backoff_factor=0.5, status_forcelist=[500, 502, 503, 504]),
     )
     return Minio(
         endpoint(cluster),
@@ -92,8 +96,9 @@ def bucket_problem(cluster: Cluster, s3: Minio | None = None) -> str | None:
     if location is None:
         return f"bucket {storage.bucket} does not exist"
     if location != storage.region:
-        return (f"bucket {storage.bucket} has location {location!r}, cluster.yaml says region "
-                f"{storage.region!r}")
+        return (
+            f"bucket {storage.bucket} has location {location!r}, cluster.yaml says region {storage.region!r}"
+        )
     return None
 
 
@@ -119,8 +124,9 @@ def ensure_bucket(cluster: Cluster) -> bool:
             "/etc/default/minio on the storage node"
         ) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise BucketError(f"MinIO at {endpoint(cluster)} is not reachable from the controller: "
-                          f"{type(e).__name__}: {e}") from None
+        raise BucketError(
+            f"MinIO at {endpoint(cluster)} is not reachable from the controller: {type(e).__name__}: {e}"
+        ) from None
     if location != storage.region:
         raise BucketError(
             f"bucket {storage.bucket} reads back location {location!r}, not {storage.region!r}: "

@@ -101,9 +101,7 @@ def parse_reference(raw: object) -> SecretRef:
         raise SecretError(f"must be a secret reference: {HOW_TO_REFERENCE}")
     unknown = sorted(str(k) for k in raw if k not in ("env", "file"))
     if unknown:
-        raise SecretError(
-            f"unknown key {unknown[0]!r} in a secret reference: {HOW_TO_REFERENCE}"
-        )
+        raise SecretError(f"unknown key {unknown[0]!r} in a secret reference: {HOW_TO_REFERENCE}")
     if len(raw) != 1:
         raise SecretError(f"needs exactly one of env or file: {HOW_TO_REFERENCE}")
     ((kind, target),) = raw.items()
@@ -129,9 +127,7 @@ def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
     path = Path(ref.target)
     # resolve() follows symlinks: a link outside pointing into the checkout still counts.
     if path.resolve().is_relative_to(repo_root.resolve()):
-        raise SecretError(
-            f"the file is inside the repository ({repo_root}): keep secrets outside git"
-        )
+        raise SecretError(f"the file is inside the repository ({repo_root}): keep secrets outside git")
     try:
         if not path.exists():
             raise SecretError("the file does not exist")

@@ -58,7 +58,8 @@ def run() -> None:
         determined_master.apply()
     if "agent" in roles:
         docker.apply()
-    barrier(name="Master and storage ready before agents register",
-            reason="every host is past the master's roles")
+    barrier(
+        name="Master and storage ready before agents register", reason="every host is past the master's roles"
+    )
     if "agent" in roles:
         determined_agent.apply()

@@ -128,12 +128,17 @@ class Topology:
         return {
             "status": self.status,
             "detail": self.detail,
-            "gpus": [{"index": g.index, "cpu_affinity": g.cpu_affinity,
-                      "numa_affinity": g.numa_affinity, "gpu_numa_id": g.gpu_numa_id}
-                     for g in self.gpus],
+            "gpus": [
+                {
+                    "index": g.index,
+                    "cpu_affinity": g.cpu_affinity,
+                    "numa_affinity": g.numa_affinity,
+                    "gpu_numa_id": g.gpu_numa_id,
+                }
+                for g in self.gpus
+            ],
             "nics": {n.column: n.device for n in self.nics},
-            "matrix": {row: dict(zip(self.columns, cells))
-                       for row, cells in zip(self.columns, self.matrix)},
+            "matrix": {row: dict(zip(self.columns, cells)) for row, cells in zip(self.columns, self.matrix)},
             "domains": [list(d) for d in domains(self)],
         }
 
@@ -141,8 +146,9 @@ class Topology:
         try:
             return self.matrix[self.columns.index(row)][self.columns.index(column)]
         except ValueError:
-            raise KeyError(f"no device {row if row not in self.columns else column!r} "
-                           "in the topology") from None
+            raise KeyError(
+                f"no device {row if row not in self.columns else column!r} in the topology"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -153,13 +159,13 @@ class AgentSpec:
 
 
 def nvlink_count(label: str) -> int:
-    """"NV12" -> 12; any other label -> 0."""
+    """ "NV12" -> 12; any other label -> 0."""
     m = _LINK.match(label)
     return int(m.group(1)) if m and m.group(1) else 0
 
 
 def parse_cpu_list(text: str) -> frozenset[int] | None:
-    """"0-31,64-95" -> {0..31, 64..95}; None for N/A or anything that is not a CPU list."""
+    """ "0-31,64-95" -> {0..31, 64..95}; None for N/A or anything that is not a CPU list."""
     text = text.strip()
     if not _CPU_LIST.match(text):
         return None
@@ -217,7 +223,7 @@ def parse_topo(text: str) -> Topology:
     rows: dict[str, list[str]] = {}
     extras: dict[str, list[str]] = {}
     legend: dict[str, str] = {}
-    for number, line in enumerate(lines[start + 1:], start + 2):
+    for number, line in enumerate(lines[start + 1 :], start + 2):
         m = _NIC_LEGEND.match(line)
         if m:
             legend[m.group(1)] = m.group(2)
@@ -230,48 +236,52 @@ def parse_topo(text: str) -> Topology:
             raise TopologyError(f"line {number}: a second row for {name}")
         cells = tokens[1:]
         if len(cells) < n:
-            raise TopologyError(f"line {number}: row {name} has {len(cells)} link cells, "
-                                f"the header has {n} devices")
+            raise TopologyError(
+                f"line {number}: row {name} has {len(cells)} link cells, the header has {n} devices"
+            )
         for column, label in zip(columns, cells[:n]):
             if not _LINK.match(label):
-                raise TopologyError(f"line {number}: {name}/{column}: unknown link label "
-                                    f"{label!r}")
+                raise TopologyError(f"line {number}: {name}/{column}: unknown link label {label!r}")
         rows[name] = cells[:n]
         extras[name] = cells[n:]
 
     missing = [c for c in columns if c not in rows]
     if missing:
         raise TopologyError(f"no matrix row for {', '.join(missing)} (output cut short?)")
-    matrix = tuple(tuple("SYS" if label == "SOC" else label for label in rows[c])
-                   for c in columns)
+    matrix = tuple(tuple("SYS" if label == "SOC" else label for label in rows[c]) for c in columns)
     for a, b in combinations(range(n), 2):
         if matrix[a][b] != matrix[b][a]:
-            raise TopologyError(f"matrix not symmetric: {columns[a]}/{columns[b]} is "
-                                f"{matrix[a][b]}, {columns[b]}/{columns[a]} is {matrix[b][a]}")
+            raise TopologyError(
+                f"matrix not symmetric: {columns[a]}/{columns[b]} is "
+                f"{matrix[a][b]}, {columns[b]}/{columns[a]} is {matrix[b][a]}"
+            )
     for i, c in enumerate(columns):
         if matrix[i][i] != "X":
             raise TopologyError(f"{c}/{c} is {matrix[i][i]}, expected X")
-        if "X" in matrix[i][:i] + matrix[i][i + 1:]:
+        if "X" in matrix[i][:i] + matrix[i][i + 1 :]:
             raise TopologyError(f"row {c} has X off the diagonal")
 
     gpus = []
     for c in gpu_columns:
         values = dict(zip(titles, extras[c]))
-        gpus.append(Gpu(
-            index=int(_GPU_COLUMN.match(c).group(1)),
-            cpu_affinity=_value(values.get("CPU Affinity")),
-            numa_affinity=_value(values.get("NUMA Affinity")),
-            gpu_numa_id=_value(values.get("GPU NUMA ID")),
-        ))
-    nics = tuple(Nic(column=c, device=legend.get(c, c)) for c in columns[len(gpu_columns):])
-    return Topology(status=OK, gpus=tuple(gpus), nics=nics, columns=tuple(columns),
-                    matrix=matrix)
+        gpus.append(
+            Gpu(
+                index=int(_GPU_COLUMN.match(c).group(1)),
+                cpu_affinity=_value(values.get("CPU Affinity")),
+                numa_affinity=_value(values.get("NUMA Affinity")),
+                gpu_numa_id=_value(values.get("GPU NUMA ID")),
+            )
+        )
+    nics = tuple(Nic(column=c, device=legend.get(c, c)) for c in columns[len(gpu_columns) :])
+    return Topology(status=OK, gpus=tuple(gpus), nics=nics, columns=tuple(columns), matrix=matrix)
 
 
 # ---------------------------------------------------------------------------- domains
 
+
 def _maximal_cliques(vertices: set[int], adjacent: dict[int, set[int]]):
     """Bron-Kerbosch with pivoting; a node has at most a few dozen GPUs."""
+
     def expand(r: set[int], p: set[int], x: set[int]):
         if not p and not x:
             yield frozenset(r)
@@ -281,6 +291,7 @@ def _maximal_cliques(vertices: set[int], adjacent: dict[int, set[int]]):
             yield from expand(r | {v}, p & adjacent[v], x & adjacent[v])
             p = p - {v}
             x = x | {v}
+
     yield from expand(set(), set(vertices), set())
 
 
@@ -361,8 +372,10 @@ def largest_trial_slots(domains_by_node: dict[str, list[tuple[int, ...]]]) -> in
         raise ValueError("no agent nodes: nothing to size a trial against")
     empty = sorted(host for host, found in domains_by_node.items() if not found)
     if empty:
-        raise ValueError(f"no GPU domains on {', '.join(empty)}: nvidia-smi found no GPU "
-                         "there (or the driver is not loaded yet)")
+        raise ValueError(
+            f"no GPU domains on {', '.join(empty)}: nvidia-smi found no GPU "
+            "there (or the driver is not loaded yet)"
+        )
     return min(max(len(d) for d in found) for found in domains_by_node.values())
 
 
@@ -392,6 +405,7 @@ def agent_plan(hostname: str, domains: list[tuple[int, ...]], layout: str) -> li
 
 
 # ---------------------------------------------------------------------------- facts
+
 
 class GpuTopology(FactBase):
     """`nvidia-smi topo -m` of the host as a Topology.
@@ -433,8 +447,7 @@ class GpuMigModes(FactBase):
     """{gpu index: "Enabled" | "Disabled" | "N/A"}; {} without a working nvidia-smi."""
 
     def command(self):
-        return ("nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader "
-                "2>/dev/null || true")
+        return "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null || true"
 
     @staticmethod
     def default():
@@ -446,9 +459,11 @@ class GpuMigModes(FactBase):
 
 # ---------------------------------------------------------------------------- run summary
 
+
 @dataclass(frozen=True)
 class Observed:
     """One agent node's topology as a deploy read it while it ran (after the driver role)."""
+
     layout: str
     domains: tuple[tuple[int, ...], ...]  # () when nvidia-smi gave no matrix
     detail: str | None = None  # why there are no domains
@@ -483,23 +498,30 @@ def summary_lines(observed: dict[str, Observed], agents: list[str]) -> list[str]
     measured = {h: o.domains for h, o in observed.items() if o.domains}
     missing = sorted(set(agents) - set(measured))
     if not measured:
-        lines.append("--> largest slots_per_trial inside one NVLink domain: unknown (no agent "
-                     "node's topology was read)")
+        lines.append(
+            "--> largest slots_per_trial inside one NVLink domain: unknown (no agent "
+            "node's topology was read)"
+        )
         return lines
     size = largest_trial_slots(measured)
-    where = "every agent node" if not missing else \
-        f"the {len(measured)} agent nodes read (not read: {', '.join(missing)})"
+    where = (
+        "every agent node"
+        if not missing
+        else f"the {len(measured)} agent nodes read (not read: {', '.join(missing)})"
+    )
     lines.append(f"--> largest slots_per_trial inside one NVLink domain on {where}: {size}")
-    split = sorted(h for h, o in observed.items()
-                   if o.layout == "per_node" and len(o.domains) > 1)
+    split = sorted(h for h, o in observed.items() if o.layout == "per_node" and len(o.domains) > 1)
     if split:
-        lines.append(f"    not enforced on {', '.join(split)} (agent_layout per_node: one agent "
-                     "offers all its GPUs, a trial may span domains)")
+        lines.append(
+            f"    not enforced on {', '.join(split)} (agent_layout per_node: one agent "
+            "offers all its GPUs, a trial may span domains)"
+        )
     return lines
 
 
 def run_summary_lines(state) -> list[str]:
     """summary_lines for a pyinfra run (called once, when its last host disconnects)."""
-    agents = [h.name for h in state.inventory
-              if "agent" in getattr(getattr(h.data, "node", None), "roles", ())]
+    agents = [
+        h.name for h in state.inventory if "agent" in getattr(getattr(h.data, "node", None), "roles", ())
+    ]
     return summary_lines(_OBSERVED.pop(id(state), {}), agents)

@@ -101,10 +101,7 @@ def render_preferences(pinset: PinSet) -> str:
     for package, version in pinset.packages:
         stanzas += [
             f"Package: {package}\nPin: version {version}\nPin-Priority: {PIN_PRIORITY}\n",
-            (
-                f"Package: {package}\nPin: release o={pinset.origin}\n"
-                f"Pin-Priority: {OTHER_NVIDIA_PRIORITY}\n"
-            ),
+            (f"Package: {package}\nPin: release o={pinset.origin}\nPin-Priority: {OTHER_NVIDIA_PRIORITY}\n"),
             f"Package: {package}\nPin: version *\nPin-Priority: {NEVER}\n",
         ]
     return head + "\n" + "\n".join(stanzas)
@@ -130,9 +127,7 @@ def missing_from_repo(
 ) -> list[str]:
     """`pkg=version` strings the repo at repo_url does not offer (per apt-cache madison)."""
     want = repo_url.rstrip("/")
-    return [
-        f"{p}={v}" for p, v in pins.items() if (v, want) not in offered.get(p, set())
-    ]
+    return [f"{p}={v}" for p, v in pins.items() if (v, want) not in offered.get(p, set())]
 
 
 def not_at_pin(pins: dict[str, str], installed: dict[str, set[str]]) -> dict[str, str]:

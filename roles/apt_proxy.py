@@ -26,5 +26,6 @@ def apply():
     files.put(
         name="Apt proxy and lock timeout",
         src=io.StringIO(apt_conf(sources.apt_proxy, [urlsplit(sources.cuda_repo).hostname])),
-        dest=CONF, mode="644",
+        dest=CONF,
+        mode="644",
     )

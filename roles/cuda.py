@@ -31,8 +31,10 @@ def alternative_priority(cuda_version: str) -> int:
 
 def link_shell(home: str, priority: int) -> str:
     h, link = shlex.quote(home), shlex.quote(CUDA_LINK)
-    wrong = shlex.quote(f"{CUDA_LINK} does not lead to {home} after update-alternatives "
-                        f"(is {CUDA_LINK} a directory rather than a link?)")
+    wrong = shlex.quote(
+        f"{CUDA_LINK} does not lead to {home} after update-alternatives "
+        f"(is {CUDA_LINK} a directory rather than a link?)"
+    )
     return (
         f"[ -d {h} ] || {{ echo {shlex.quote(f'{home} is missing: the toolkit is not installed')}"
         " >&2; exit 1; }; "

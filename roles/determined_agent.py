@@ -117,18 +117,24 @@ def domain_problem(node: Node, topology: Topology, mig_modes: dict[int, str]) ->
     where = f"{node.hostname}: agent_layout per_domain"
     if topology.status != OK:
         said = f": {topology.detail}" if topology.detail else ""
-        return (f"{where} needs the GPU topology, but `nvidia-smi topo -m` gave no matrix "
-                f"({topology.status}{said})")
+        return (
+            f"{where} needs the GPU topology, but `nvidia-smi topo -m` gave no matrix "
+            f"({topology.status}{said})"
+        )
     mig = sorted(i for i, mode in mig_modes.items() if mode == "Enabled")
     if mig:
-        return (f"{where}: MIG is enabled on GPU {', '.join(map(str, mig))}; MIG instances "
-                "cannot use NVLink peer-to-peer, so NVLink domains mean nothing there. Disable "
-                "MIG or set agent_layout: per_node for this node")
+        return (
+            f"{where}: MIG is enabled on GPU {', '.join(map(str, mig))}; MIG instances "
+            "cannot use NVLink peer-to-peer, so NVLink domains mean nothing there. Disable "
+            "MIG or set agent_layout: per_node for this node"
+        )
     count = len(topology.gpus)
     if node.slots is not None and count != node.slots:
-        return (f"{where}: `nvidia-smi topo -m` shows {count} GPUs but cluster.yaml says "
-                f"slots: {node.slots}; a GPU may have fallen off the bus (`nvidia-smi -L`), "
-                "or slots is wrong")
+        return (
+            f"{where}: `nvidia-smi topo -m` shows {count} GPUs but cluster.yaml says "
+            f"slots: {node.slots}; a GPU may have fallen off the bus (`nvidia-smi -L`), "
+            "or slots is wrong"
+        )
     return None
 
 
@@ -138,6 +144,7 @@ def _fail(message: str) -> StringCommand:
 
 
 # ---------------------------------------------------------------------------- facts
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -160,9 +167,9 @@ class DomainAgents(FactBase):
 
     def command(self):
         return (
-            f"for f in {CONFIG_DIR}/agent-*.yaml; do [ -e \"$f\" ] && echo \"config $f\"; done; "
+            f'for f in {CONFIG_DIR}/agent-*.yaml; do [ -e "$f" ] && echo "config $f"; done; '
             "for f in /etc/systemd/system/*.wants/determined-agent@*.service; do "
-            "[ -L \"$f\" ] || [ -e \"$f\" ] && echo \"enabled ${f##*/}\"; done; "
+            '[ -L "$f" ] || [ -e "$f" ] && echo "enabled ${f##*/}"; done; '
             "systemctl list-units --all --plain --no-legend --no-pager "
             "'determined-agent@*.service' 2>/dev/null | sed 's/^/unit /'; true"
         )
@@ -175,8 +182,7 @@ class DomainAgents(FactBase):
         found: dict[str, dict] = {}
         for line in output:
             line = line.strip()
-            for pattern, key in ((_CONFIG_LINE, "config"), (_WANTS_LINE, "enabled"),
-                                 (_UNIT_LINE, "active")):
+            for pattern, key in ((_CONFIG_LINE, "config"), (_WANTS_LINE, "enabled"), (_UNIT_LINE, "active")):
                 m = pattern.match(line)
                 if m:
                     value = m.group(2) if key == "active" else True
@@ -189,8 +195,10 @@ class UnitState(FactBase):
     ("activating", ...) while Restart= waits; ("inactive", "") when the unit does not exist."""
 
     def command(self, unit: str):
-        return (f"systemctl show --property ActiveState --property UnitFileState "
-                f"{shlex.quote(unit)} 2>/dev/null; true")
+        return (
+            f"systemctl show --property ActiveState --property UnitFileState "
+            f"{shlex.quote(unit)} 2>/dev/null; true"
+        )
 
     @staticmethod
     def default():
@@ -202,6 +210,7 @@ class UnitState(FactBase):
 
 
 # ---------------------------------------------------------------------------- operations
+
 
 @operation()
 def unit_off(unit: str):
@@ -254,8 +263,7 @@ def domain_agents(cluster: Cluster, node: Node, template_changed, package_change
         return
     if executing:
         record_domains(host.state, node.hostname, "per_domain", topology)
-    plan = {str(i): spec for i, spec in enumerate(
-        agent_plan(node.hostname, domains(topology), "per_domain"))}
+    plan = {str(i): spec for i, spec in enumerate(agent_plan(node.hostname, domains(topology), "per_domain"))}
     present = host.get_fact(DomainAgents)
 
     # Agents of domains that are gone first: their GPUs may belong to a new domain below.
@@ -267,9 +275,15 @@ def domain_agents(cluster: Cluster, node: Node, template_changed, package_change
         yield StringCommand("systemctl daemon-reload")
     for index, spec in plan.items():
         path = domain_config(index)
-        written = list(files.put._inner(
-            src=io.StringIO(domain_yaml(cluster, index, spec)), dest=path,
-            user="root", group="root", mode="644"))
+        written = list(
+            files.put._inner(
+                src=io.StringIO(domain_yaml(cluster, index, spec)),
+                dest=path,
+                user="root",
+                group="root",
+                mode="644",
+            )
+        )
         yield from written
         unit = domain_unit(index)
         instance = present.get(index, Instance())
@@ -319,6 +333,7 @@ def note_domains(node: Node):
 
 # ---------------------------------------------------------------------------- role
 
+
 @deploy("Determined agent")
 def apply():
     cluster: Cluster = host.data.cluster
@@ -329,34 +344,58 @@ def apply():
 
     # configure (before the package: see the module docstring)
     files.directory(name=CONFIG_DIR, path=CONFIG_DIR, user="root", group="root", mode="755")
-    config = files.put(name=(f"{AGENT_YAML}: unused on a per_domain node (no master_host)"
-                             if per_domain else f"Agent configuration {AGENT_YAML}"),
-                       src=io.StringIO(agent_yaml(cluster, node)), dest=AGENT_YAML,
-                       user="root", group="root", mode="644")
-    drop_in = files.put(name="Agent unit drop-in: keep retrying until the master answers",
-                        src=str(FILES / "agent-10-restart.conf"), dest=DROP_IN,
-                        user="root", group="root", mode="644")
+    config = files.put(
+        name=(
+            f"{AGENT_YAML}: unused on a per_domain node (no master_host)"
+            if per_domain
+            else f"Agent configuration {AGENT_YAML}"
+        ),
+        src=io.StringIO(agent_yaml(cluster, node)),
+        dest=AGENT_YAML,
+        user="root",
+        group="root",
+        mode="644",
+    )
+    drop_in = files.put(
+        name="Agent unit drop-in: keep retrying until the master answers",
+        src=str(FILES / "agent-10-restart.conf"),
+        dest=DROP_IN,
+        user="root",
+        group="root",
+        mode="644",
+    )
 
     # install
     package = install_determined(cluster, "agent")
 
     # activate
     if per_domain:
-        unit_off(name="Per-node agent stopped and disabled (one agent per domain here)",
-                 unit=SERVICE)
-        template = files.put(name=f"Per-domain agent unit {TEMPLATE_UNIT}",
-                             src=str(FILES / "determined-agent@.service"), dest=TEMPLATE_UNIT,
-                             user="root", group="root", mode="644")
-        domain_agents(name="One agent per NVLink domain (nvidia-smi topo -m, read now)",
-                      cluster=cluster, node=node, template_changed=template.did_change,
-                      package_changed=package.did_change)
+        unit_off(name="Per-node agent stopped and disabled (one agent per domain here)", unit=SERVICE)
+        template = files.put(
+            name=f"Per-domain agent unit {TEMPLATE_UNIT}",
+            src=str(FILES / "determined-agent@.service"),
+            dest=TEMPLATE_UNIT,
+            user="root",
+            group="root",
+            mode="644",
+        )
+        domain_agents(
+            name="One agent per NVLink domain (nvidia-smi topo -m, read now)",
+            cluster=cluster,
+            node=node,
+            template_changed=template.did_change,
+            package_changed=package.did_change,
+        )
         return
 
     no_domain_agents(name="No per-domain agents left (agent_layout per_node)")
-    systemd.service(name="Restart the agent for its new configuration", service=SERVICE,
-                    running=True, restarted=True, daemon_reload=True,
-                    _if=lambda: (config.did_change() or drop_in.did_change())
-                    and not package.did_change())
-    systemd.service(name="Agent enabled and running", service=SERVICE,
-                    running=True, enabled=True)
+    systemd.service(
+        name="Restart the agent for its new configuration",
+        service=SERVICE,
+        running=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=lambda: (config.did_change() or drop_in.did_change()) and not package.did_change(),
+    )
+    systemd.service(name="Agent enabled and running", service=SERVICE, running=True, enabled=True)
     note_domains(name="Read the GPU topology for the run summary", node=node)

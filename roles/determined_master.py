@@ -48,8 +48,10 @@ def install_determined(cluster, kind: str):
     source = getattr(cluster.sources, f"determined_{kind}")
     return verified_deb(
         name=f"Install determined-{kind} {version} (sha256-pinned)",
-        package=f"determined-{kind}", version=version,
-        url=cluster.sources.determined_url(kind, version), sha256=source.sha256,
+        package=f"determined-{kind}",
+        version=version,
+        url=cluster.sources.determined_url(kind, version),
+        sha256=source.sha256,
         artifact=f"determined-{kind} {version} package",
     )
 
@@ -106,13 +108,22 @@ def apply():
 
     # configure (before the package: see the module docstring)
     files.directory(name=f"{CONFIG_DIR}", path=CONFIG_DIR, user="root", group="root", mode="755")
-    config = secret_file(name=f"Master configuration {MASTER_YAML}", dest=MASTER_YAML,
-                         content=SecretBytes(master_yaml(cluster)))
-    env = secret_file(name=f"Master S3 environment {S3_ENV}", dest=S3_ENV,
-                      content=SecretBytes(s3_env(cluster)))
-    drop_in = files.put(name="Master unit drop-in loading the S3 environment",
-                        src=str(FILES / "10-s3.conf"), dest=DROP_IN,
-                        user="root", group="root", mode="644")
+    config = secret_file(
+        name=f"Master configuration {MASTER_YAML}",
+        dest=MASTER_YAML,
+        content=SecretBytes(master_yaml(cluster)),
+    )
+    env = secret_file(
+        name=f"Master S3 environment {S3_ENV}", dest=S3_ENV, content=SecretBytes(s3_env(cluster))
+    )
+    drop_in = files.put(
+        name="Master unit drop-in loading the S3 environment",
+        src=str(FILES / "10-s3.conf"),
+        dest=DROP_IN,
+        user="root",
+        group="root",
+        mode="644",
+    )
 
     # install
     package = install_determined(cluster, "master")
@@ -122,12 +133,17 @@ def apply():
         changed = config.did_change() or env.did_change() or drop_in.did_change()
         return changed and not package.did_change()
 
-    restart = systemd.service(name="Restart the master for its new configuration",
-                              service=SERVICE, running=True, restarted=True, daemon_reload=True,
-                              _if=config_changed_alone)
-    running = systemd.service(name="Master enabled and running", service=SERVICE,
-                              running=True, enabled=True)
+    restart = systemd.service(
+        name="Restart the master for its new configuration",
+        service=SERVICE,
+        running=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=config_changed_alone,
+    )
+    running = systemd.service(name="Master enabled and running", service=SERVICE, running=True, enabled=True)
     wait_for_http(
-        f"http://127.0.0.1:{cluster.master_port}/health", "the Determined master",
+        f"http://127.0.0.1:{cluster.master_port}/health",
+        "the Determined master",
         _if=lambda: any(op.did_change() for op in (package, restart, running)),
     )

@@ -55,7 +55,11 @@ def nvidia_runtime():
 def apply():
     packages(["docker.io", "nvidia-container-toolkit"], "Docker and the NVIDIA Container Toolkit")
     runtime = nvidia_runtime(name="Docker knows the nvidia runtime (nvidia-ctk)")
-    systemd.service(name="Restart Docker for the nvidia runtime", service="docker.service",
-                    running=True, restarted=True, _if=runtime.did_change)
-    systemd.service(name="Docker enabled and running", service="docker.service",
-                    running=True, enabled=True)
+    systemd.service(
+        name="Restart Docker for the nvidia runtime",
+        service="docker.service",
+        running=True,
+        restarted=True,
+        _if=runtime.did_change,
+    )
+    systemd.service(name="Docker enabled and running", service="docker.service", running=True, enabled=True)

@@ -26,8 +26,7 @@ def flush_commands(tool: str) -> list[str]:
 
 @deploy("Firewall off")
 def apply():
-    apt.packages(name="iptables (for the checks)", packages=["iptables"],
-                 update=True, cache_time=3600)
+    apt.packages(name="iptables (for the checks)", packages=["iptables"], update=True, cache_time=3600)
     if host.get_fact(FindInFile, path="/etc/ufw/ufw.conf", pattern="^ENABLED=yes"):
         server.shell(name="Disable ufw (also at boot)", commands=["ufw --force disable"])
     for unit in ("firewalld.service", "netfilter-persistent.service"):

@@ -33,9 +33,13 @@ def apply():
     # node announce itself as loopback; the managed block maps it to its real address.
     files.line(
         name="Drop the installer's 127.0.1.1 hostname line",
-        path="/etc/hosts", line=r"^127\.0\.1\.1\s", present=False,
+        path="/etc/hosts",
+        line=r"^127\.0\.1\.1\s",
+        present=False,
     )
     files.block(
-        name="Cluster hosts block", path="/etc/hosts",
-        content=hosts_block(cluster), marker=MARKER,
+        name="Cluster hosts block",
+        path="/etc/hosts",
+        content=hosts_block(cluster),
+        marker=MARKER,
     )

@@ -49,26 +49,37 @@ def apply():
 
     if uses_netplan():
         conf = files.put(
-            name=f"{ib.interface} in netplan", src=StringIO(netplan_doc(ib.interface, cidr, ib.mtu)),
-            dest=f"/etc/netplan/60-gpu-cluster-{ib.interface}.yaml", mode="600",
+            name=f"{ib.interface} in netplan",
+            src=StringIO(netplan_doc(ib.interface, cidr, ib.mtu)),
+            dest=f"/etc/netplan/60-gpu-cluster-{ib.interface}.yaml",
+            mode="600",
         )
         # Known drift is an unconditional step, so a dry run shows it as a change.
-        server.shell(name="Apply netplan", commands=["netplan apply"],
-                     **({} if not in_place else {"_if": conf.did_change}))
+        server.shell(
+            name="Apply netplan",
+            commands=["netplan apply"],
+            **({} if not in_place else {"_if": conf.did_change}),
+        )
         return
 
     apt.packages(name="ifupdown", packages=["ifupdown"], update=True, cache_time=3600)
     files.line(
-        name="interfaces sources interfaces.d", path="/etc/network/interfaces",
-        line=r"^source /etc/network/interfaces.d/\*", replace="source /etc/network/interfaces.d/*",
+        name="interfaces sources interfaces.d",
+        path="/etc/network/interfaces",
+        line=r"^source /etc/network/interfaces.d/\*",
+        replace="source /etc/network/interfaces.d/*",
     )
     conf = files.put(
-        name=f"{ib.interface} in ifupdown", src=StringIO(ifupdown_stanza(ib.interface, cidr, ib.mtu)),
-        dest=f"/etc/network/interfaces.d/{ib.interface}", mode="644",
+        name=f"{ib.interface} in ifupdown",
+        src=StringIO(ifupdown_stanza(ib.interface, cidr, ib.mtu)),
+        dest=f"/etc/network/interfaces.d/{ib.interface}",
+        mode="644",
     )
     server.shell(
         name=f"Bring {ib.interface} up",
-        commands=[f"ifdown --force {ib.interface} 2>/dev/null; ip addr flush dev {ib.interface}; "
-                  f"ifup {ib.interface}"],
+        commands=[
+            f"ifdown --force {ib.interface} 2>/dev/null; ip addr flush dev {ib.interface}; "
+            f"ifup {ib.interface}"
+        ],
         **({} if not in_place else {"_if": conf.did_change}),
     )

@@ -91,29 +91,58 @@ def apply():
     packages(["curl", "ca-certificates"], "download and health-check tools")
     binary = verified_binary(
         name="Install the MinIO server binary (sha256-pinned)",
-        url=source.url, sha256=source.sha256, dest=BINARY, artifact="MinIO server binary",
+        url=source.url,
+        sha256=source.sha256,
+        dest=BINARY,
+        artifact="MinIO server binary",
     )
 
     # configure
     server.group(name=f"System group {USER}", group=USER, system=True)
-    server.user(name=f"System user {USER}", user=USER, group=USER, system=True,
-                shell="/usr/sbin/nologin", ensure_home=False)
-    files.directory(name=f"MinIO data directory {storage.data_dir}", path=storage.data_dir,
-                    user=USER, group=USER, mode="750")
-    env = secret_file(name=f"MinIO settings and credentials {ENV_FILE}", dest=ENV_FILE,
-                      content=SecretBytes(env_content(cluster)))
-    unit = files.put(name="MinIO systemd unit (official)", src=str(FILES / "minio.service"),
-                     dest=UNIT, user="root", group="root", mode="644")
+    server.user(
+        name=f"System user {USER}",
+        user=USER,
+        group=USER,
+        system=True,
+        shell="/usr/sbin/nologin",
+        ensure_home=False,
+    )
+    files.directory(
+        name=f"MinIO data directory {storage.data_dir}",
+        path=storage.data_dir,
+        user=USER,
+        group=USER,
+        mode="750",
+    )
+    env = secret_file(
+        name=f"MinIO settings and credentials {ENV_FILE}",
+        dest=ENV_FILE,
+        content=SecretBytes(env_content(cluster)),
+    )
+    unit = files.put(
+        name="MinIO systemd unit (official)",
+        src=str(FILES / "minio.service"),
+        dest=UNIT,
+        user="root",
+        group="root",
+        mode="644",
+    )
 
     # activate
     changed = any_changed(binary, env, unit)
-    restart = systemd.service(name="Restart MinIO for its new binary or settings",
-                              service="minio.service", running=True, restarted=True,
-                              daemon_reload=True, _if=changed)
-    running = systemd.service(name="MinIO enabled and running", service="minio.service",
-                              running=True, enabled=True)
-    wait_for_http(f"http://127.0.0.1:{storage.port}/minio/health/ready", "MinIO",
-                  _if=any_changed(restart, running))
+    restart = systemd.service(
+        name="Restart MinIO for its new binary or settings",
+        service="minio.service",
+        running=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=changed,
+    )
+    running = systemd.service(
+        name="MinIO enabled and running", service="minio.service", running=True, enabled=True
+    )
+    wait_for_http(
+        f"http://127.0.0.1:{storage.port}/minio/health/ready", "MinIO", _if=any_changed(restart, running)
+    )
 
-    bucket(name=f"Bucket {storage.bucket} in region {storage.region} (from the controller)",
-           cluster=cluster)
+    bucket(name=f"Bucket {storage.bucket} in region {storage.region} (from the controller)", cluster=cluster)

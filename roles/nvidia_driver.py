@@ -84,8 +84,7 @@ def reboot(delay: int = 5, interval: int = 2, timeout: int = 900):
     def record_boot_id(state, host):
         boot_id = _boot_id(host)
         if boot_id is None:
-            host.log_styled(f"cannot read {BOOT_ID}: not rebooting", fg="red",
-                            log_func=logger.error)
+            host.log_styled(f"cannot read {BOOT_ID}: not rebooting", fg="red", log_func=logger.error)
             return False
         before.append(boot_id)
         # As server.reboot does: a sudo askpass file would not survive the reboot.
@@ -109,7 +108,8 @@ def reboot(delay: int = 5, interval: int = 2, timeout: int = 900):
             time.sleep(interval)
         host.log_styled(
             f"did not come back with a new boot_id within {timeout}s after the reboot",
-            fg="red", log_func=logger.error,
+            fg="red",
+            log_func=logger.error,
         )
         return False
 
@@ -123,7 +123,8 @@ def _warn_reboot_pending(state, host):
     host.log_styled(
         "the NVIDIA driver changed and cluster.yaml says reboot: never: REBOOT THIS NODE "
         "before using its GPUs (the old kernel module stays loaded until then)",
-        fg="yellow", log_func=logger.warning,
+        fg="yellow",
+        log_func=logger.warning,
     )
     return True
 

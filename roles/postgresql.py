@@ -62,11 +62,16 @@ def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
 
 
 def conf_content(port: int) -> str:
-    return (FILES / "50-determined.conf").read_text().replace(
-        "{{ max_connections }}", str(MAX_CONNECTIONS)).replace("{{ port }}", str(port))
+    return (
+        (FILES / "50-determined.conf")
+        .read_text()
+        .replace("{{ max_connections }}", str(MAX_CONNECTIONS))
+        .replace("{{ port }}", str(port))
+    )
 
 
 # --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
+
 
 def scram_verifier(password: str, salt: bytes, iterations: int = SCRAM_ITERATIONS) -> str:
     """SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, all base64.
@@ -78,8 +83,7 @@ def scram_verifier(password: str, salt: bytes, iterations: int = SCRAM_ITERATION
     client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
     stored_key = hashlib.sha256(client_key).digest()
     server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode()
-                                        for b in (salt, stored_key, server_key))
+    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode() for b in (salt, stored_key, server_key))
     return f"SCRAM-SHA-256${iterations}:{salt_b64}${stored_b64}:{server_b64}"
 
 
@@ -97,8 +101,9 @@ def password_matches(password: str, current: dict | None) -> bool:
 
 def _psql(sql, port: int) -> StringCommand:
     """psql as the postgres superuser over the local socket (peer authentication)."""
-    return StringCommand(f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} "
-                         "-v ON_ERROR_STOP=1 -Atc", QuoteString(sql))
+    return StringCommand(
+        f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 -Atc", QuoteString(sql)
+    )
 
 
 class RoleVerifier(FactBase):
@@ -135,8 +140,7 @@ class Databases(FactBase):
         return "psql"
 
     def command(self, port):
-        sql = ("SELECT datname || ' ' || pg_get_userbyid(datdba) FROM pg_database "
-               "WHERE NOT datistemplate")
+        sql = "SELECT datname || ' ' || pg_get_userbyid(datdba) FROM pg_database WHERE NOT datistemplate"
         return _psql(sql, port)
 
     default = dict
@@ -154,8 +158,10 @@ def role(role: str, password, port: int = 5432):
         return
     verifier = scram_verifier(password.value, os.urandom(16))
     verb = "CREATE" if current is None else "ALTER"
-    sql = StringCommand(f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
-                        StringCommand("'", HiddenValue(verifier), "'", _separator=""))
+    sql = StringCommand(
+        f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
+        StringCommand("'", HiddenValue(verifier), "'", _separator=""),
+    )
     yield _psql(sql, port)
 
 
@@ -181,20 +187,23 @@ class _FileExists(FactBase):
 def _pgdg_source(codename: str):
     key = server.shell(
         name="PGDG signing key (fingerprint-checked)",
-        commands=[(
-            f"install -d -m 755 {shlex.quote(str(Path(PGDG_KEY).parent))} && "
-            f"curl -fsSL -o {PGDG_KEY}.download {PGDG_KEY_URL} && "
-            f"gpg --show-keys --with-colons {PGDG_KEY}.download | grep -q "
-            f"'^fpr:*{PGDG_KEY_FINGERPRINT}:' && mv -f {PGDG_KEY}.download {PGDG_KEY} || "
-            f"{{ rm -f {PGDG_KEY}.download; echo 'PGDG key: download failed or fingerprint is "
-            f"not {PGDG_KEY_FINGERPRINT}' >&2; exit 1; }}"
-        )],
+        commands=[
+            (
+                f"install -d -m 755 {shlex.quote(str(Path(PGDG_KEY).parent))} && "
+                f"curl -fsSL -o {PGDG_KEY}.download {PGDG_KEY_URL} && "
+                f"gpg --show-keys --with-colons {PGDG_KEY}.download | grep -q "
+                f"'^fpr:*{PGDG_KEY_FINGERPRINT}:' && mv -f {PGDG_KEY}.download {PGDG_KEY} || "
+                f"{{ rm -f {PGDG_KEY}.download; echo 'PGDG key: download failed or fingerprint is "
+                f"not {PGDG_KEY_FINGERPRINT}' >&2; exit 1; }}"
+            )
+        ],
         _if=lambda: not host.get_fact(_FileExists, path=PGDG_KEY),
     )
     source = files.put(
         name="PGDG apt source",
         src=io.StringIO(f"deb [signed-by={PGDG_KEY}] {PGDG_URL} {codename}-pgdg main\n"),
-        dest=PGDG_LIST, mode="644",
+        dest=PGDG_LIST,
+        mode="644",
     )
     apt.update(name="Refresh apt lists for PGDG", _if=any_changed(key, source))
 
@@ -219,20 +228,30 @@ def apply():
         name=f"PostgreSQL settings for Determined (max_connections = {MAX_CONNECTIONS})",
         src=io.StringIO(conf_content(db.port)),
         dest=f"/etc/postgresql/{major}/main/conf.d/50-determined.conf",
-        user="postgres", group="postgres", mode="644",
+        user="postgres",
+        group="postgres",
+        mode="644",
     )
 
     # activate. Port, max_connections and listen_addresses take effect only on a restart.
     unit = f"postgresql@{major}-main.service"
-    systemd.service(name="Restart PostgreSQL for its new settings", service=unit,
-                    running=True, restarted=True, _if=conf.did_change)
-    systemd.service(name="PostgreSQL enabled and running", service="postgresql.service",
-                    running=True, enabled=True)
-    systemd.service(name=f"PostgreSQL cluster {major}/main running", service=unit,
-                    running=True)
+    systemd.service(
+        name="Restart PostgreSQL for its new settings",
+        service=unit,
+        running=True,
+        restarted=True,
+        _if=conf.did_change,
+    )
+    systemd.service(
+        name="PostgreSQL enabled and running", service="postgresql.service", running=True, enabled=True
+    )
+    systemd.service(name=f"PostgreSQL cluster {major}/main running", service=unit, running=True)
 
     # database
-    role(name=f"Database role {db.user} (password from cluster.yaml)", role=db.user,
-         password=db.password, port=db.port)
-    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user,
-             port=db.port)
+    role(
+        name=f"Database role {db.user} (password from cluster.yaml)",
+        role=db.user,
+        password=db.password,
+        port=db.port,
+    )
+    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user, port=db.port)

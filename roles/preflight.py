@@ -18,9 +18,7 @@ OWN_UNITS = ("determined-master.service",)
 
 
 def os_label(distribution: dict) -> str:
-    version = distribution.get("release_meta", {}).get("VERSION_ID") or str(
-        distribution.get("major")
-    )
+    version = distribution.get("release_meta", {}).get("VERSION_ID") or str(distribution.get("major"))
     return f"{distribution.get('name')} {version}"
 
 
@@ -38,10 +36,7 @@ def port_problem(port: int, holder: tuple, unit: str | None) -> str | None:
     if process is None or unit in OWN_UNITS:
         return None
     owner = f"{process} (pid {pid}{', unit ' + unit if unit else ''})"
-    return (
-        f"port {port} is already in use by {owner}: stop it or choose another "
-        "master_port in cluster.yaml"
-    )
+    return f"port {port} is already in use by {owner}: stop it or choose another master_port in cluster.yaml"
 
 
 @operation(is_idempotent=True)
@@ -72,5 +67,6 @@ def checks(cluster, node):
 
 @deploy("Preflight")
 def apply():
-    checks(name="Check OS, kernel, disk and the master's port",
-           cluster=host.data.cluster, node=host.data.node)
+    checks(
+        name="Check OS, kernel, disk and the master's port", cluster=host.data.cluster, node=host.data.node
+    )

@@ -54,8 +54,7 @@ def env_file(header: str, variables: dict[str, str]) -> str:
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]
     for key, value in variables.items():
         if "\n" in value or "\r" in value:
-            raise ValueError(f"{key}: the value contains a line break, which an environment "
-                             "file cannot hold")
+            raise ValueError(f"{key}: the value contains a line break, which an environment file cannot hold")
         escaped = "".join("\\" + c if c in '"\\`$' else c for c in value)
         lines.append(f'{key}="{escaped}"')
     return "\n".join(lines) + "\n"
@@ -67,8 +66,7 @@ def _mode_int(mode: str) -> int:
 
 
 @operation()
-def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str = "root",
-                mode: str = "600"):
+def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str = "root", mode: str = "600"):
     """Upload `content` to `dest` (root:root 0600 by default) when its sha1 differs.
 
     The file is created empty with its final owner and mode before the content is written
@@ -82,8 +80,9 @@ def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str 
     quoted = shlex.quote(dest)
     if not same_content:
         yield StringCommand(f"touch {quoted} && chown {owner} {quoted} && chmod {mode} {quoted}")
-        yield FileUploadCommand(io.BytesIO(content.data), dest,
-                                remote_temp_filename=host.get_temp_filename(dest))
+        yield FileUploadCommand(
+            io.BytesIO(content.data), dest, remote_temp_filename=host.get_temp_filename(dest)
+        )
         return
     if remote["user"] != user or remote["group"] != group:
         yield StringCommand(f"chown {owner} {quoted}")
@@ -94,15 +93,13 @@ def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str 
 def _fetch_and_check(url: str, sha256: str, tmp: str, artifact: str) -> str:
     """Shell that downloads `url` to `tmp` and keeps it only if its sha256 is the pinned one."""
     q_tmp, q_url = shlex.quote(tmp), shlex.quote(url)
-    mismatch = shlex.quote(
-        f"{artifact}: sha256 mismatch for {url}: expected {sha256}, got "
-    )
+    mismatch = shlex.quote(f"{artifact}: sha256 mismatch for {url}: expected {sha256}, got ")
     failed = shlex.quote(f"{artifact}: download failed from {url}")
     return (
         f"rm -f {q_tmp}; "
         f"curl -fsSL --retry 3 -o {q_tmp} {q_url} || {{ rm -f {q_tmp}; echo {failed} >&2; exit 1; }}; "
         f"actual=$(sha256sum {q_tmp} | cut -d' ' -f1); "
-        f"if [ \"$actual\" != {sha256} ]; then rm -f {q_tmp}; "
+        f'if [ "$actual" != {sha256} ]; then rm -f {q_tmp}; '
         f"echo {mismatch}\"$actual\"'; nothing was installed' >&2; exit 1; fi"
     )
 
@@ -148,10 +145,8 @@ def packages(names: list[str], what: str):
 
     An unconditional update would count as a change on every deploy.
     """
-    apt.update(name=f"Refresh apt lists for {what}",
-               _if=lambda: bool(missing_packages(names)))
-    return apt.packages(name=f"Install {what}", packages=names,
-                        extra_install_args=APT_LOCK_WAIT)
+    apt.update(name=f"Refresh apt lists for {what}", _if=lambda: bool(missing_packages(names)))
+    return apt.packages(name=f"Install {what}", packages=names, extra_install_args=APT_LOCK_WAIT)
 
 
 def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
@@ -161,10 +156,12 @@ def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
     give_up = shlex.quote(f"{what} did not answer 200 at {url} within {seconds} s")
     return server.shell(
         name=f"Wait until {what} is ready",
-        commands=[(
-            f"for i in $(seq {seconds}); do "
-            f"curl -fsS -o /dev/null --max-time 2 {shlex.quote(url)} && exit 0; sleep 1; done; "
-            f"echo {give_up} >&2; exit 1"
-        )],
+        commands=[
+            (
+                f"for i in $(seq {seconds}); do "
+                f"curl -fsS -o /dev/null --max-time 2 {shlex.quote(url)} && exit 0; sleep 1; done; "
+                f"echo {give_up} >&2; exit 1"
+            )
+        ],
         **kwargs,
     )

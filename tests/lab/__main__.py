@@ -14,16 +14,21 @@ from .shell import LabError
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
-    parser.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER,
-                        help="cluster.yaml describing the nodes (default: %(default)s)")
+    parser.add_argument(
+        "--cluster",
+        type=Path,
+        default=DEFAULT_CLUSTER,
+        help="cluster.yaml describing the nodes (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="build what is missing and boot every node (idempotent)")
     sub.add_parser("down", help="stop and remove every node, namespace, bridge and mount")
     sub.add_parser("status", help="one line per node")
     rec = sub.add_parser("recreate", help="give one node a blank root filesystem")
     rec.add_argument("node")
-    rec.add_argument("--wipe-disks", action="store_true",
-                     help="also wipe the node's data disk (kept by default)")
+    rec.add_argument(
+        "--wipe-disks", action="store_true", help="also wipe the node's data disk (kept by default)"
+    )
     ssh = sub.add_parser("ssh", help="run a command on a node over the lab's SSH key")
     ssh.add_argument("node")
     ssh.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -46,8 +51,10 @@ def main(argv=None) -> int:
             rows = lifecycle.status(args.cluster)
             for r in rows:
                 state = "running" if r["supervisor"] and r["nspawn"] else "stopped"
-                print(f"{r['node']:<16} {r['address']:<15} {state:<8} netns={'yes' if r['netns'] else 'no'}"
-                      f" mounted={'yes' if r['mounted'] else 'no'} nspawn_pid={r['nspawn'] or '-'}")
+                print(
+                    f"{r['node']:<16} {r['address']:<15} {state:<8} netns={'yes' if r['netns'] else 'no'}"
+                    f" mounted={'yes' if r['mounted'] else 'no'} nspawn_pid={r['nspawn'] or '-'}"
+                )
             return 0 if all(r["supervisor"] and r["nspawn"] for r in rows) else 1
         elif args.command == "ssh":
             spec = lifecycle.prepare(args.cluster)

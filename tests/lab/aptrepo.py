@@ -173,9 +173,28 @@ def build_flat_repo(
 
     home = Path(gpg_home)
     fpr = ensure_signing_key(home)
-    inrelease = _gpg(home, "--local-user", fpr, "--digest-algo", "SHA256", "--clearsign",
-                     "--output", "-", input=release_bytes)
-    detached = _gpg(home, "--local-user", fpr, "--digest-algo", "SHA256", "--armor",
-                    "--detach-sign", "--output", "-", input=release_bytes)
+    inrelease = _gpg(
+        home,
+        "--local-user",
+        fpr,
+        "--digest-algo",
+        "SHA256",
+        "--clearsign",
+        "--output",
+        "-",
+        input=release_bytes,
+    )
+    detached = _gpg(
+        home,
+        "--local-user",
+        fpr,
+        "--digest-algo",
+        "SHA256",
+        "--armor",
+        "--detach-sign",
+        "--output",
+        "-",
+        input=release_bytes,
+    )
     (repo / "InRelease").write_bytes(inrelease)
     (repo / "Release.gpg").write_bytes(detached)

@@ -31,12 +31,16 @@ def cluster_yaml(size: int, octet: int) -> str:
     """The lab cluster.yaml with `size` nodes on 10.77.<octet>.0/24."""
     text = DEFAULT_CLUSTER.read_text()
     head, _, rest = text.partition("nodes:\n")
-    tail = rest[rest.index("\nsources:"):]
-    nodes = [f"  - hostname: b{size}-master\n    address: 10.77.{octet}.10\n"
-             f"    ipoib_address: 10.78.{octet}.10\n    roles: [master, storage]\n"]
+    tail = rest[rest.index("\nsources:") :]
+    nodes = [
+        f"  - hostname: b{size}-master\n    address: 10.77.{octet}.10\n"
+        f"    ipoib_address: 10.78.{octet}.10\n    roles: [master, storage]\n"
+    ]
     for i in range(1, size):
-        nodes.append(f"  - hostname: b{size}-gpu{i}\n    address: 10.77.{octet}.{10 + i}\n"
-                     f"    ipoib_address: 10.78.{octet}.{10 + i}\n    roles: [agent]\n    slots: 8\n")
+        nodes.append(
+            f"  - hostname: b{size}-gpu{i}\n    address: 10.77.{octet}.{10 + i}\n"
+            f"    ipoib_address: 10.78.{octet}.{10 + i}\n    roles: [agent]\n    slots: 8\n"
+        )
     text = head + "nodes:\n" + "".join(nodes) + tail
     text = text.replace("master_host: lab-master", f"master_host: b{size}-master")
     return text.replace("10.77.0.", f"10.77.{octet}.").replace("10.78.0.", f"10.78.{octet}.")
@@ -77,8 +81,7 @@ def timed(argv: list[str], cwd=REPO) -> dict:
     busy0 = busy_cpu_seconds()
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - t0
         out.seek(0)
@@ -86,8 +89,14 @@ def timed(argv: list[str], cwd=REPO) -> dict:
     peak = usage.ru_maxrss / 1024
     controller = usage.ru_utime + usage.ru_stime
     nodes = max(0.0, busy_cpu_seconds() - busy0 - controller)
-    return {"wall": wall, "rc": os.waitstatus_to_exitcode(status), "peak_mb": peak, "out": text,
-            "cpu_controller": controller, "cpu_nodes": nodes}
+    return {
+        "wall": wall,
+        "rc": os.waitstatus_to_exitcode(status),
+        "peak_mb": peak,
+        "out": text,
+        "cpu_controller": controller,
+        "cpu_nodes": nodes,
+    }
 
 
 def ssh_commands(debug_output: str) -> Counter:
@@ -121,20 +130,29 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     rows = []
     t0 = time.monotonic()
     spec = lifecycle.up(path, log=lambda *_: None)
-    rows.append({"step": "lab up (boot)", "wall": time.monotonic() - t0, "rc": 0, "peak_mb": None,
-                 "cmds_per_host": None, "mb_per_node": 0, "cpu_controller": None,
-                 "cpu_nodes": None})
+    rows.append(
+        {
+            "step": "lab up (boot)",
+            "wall": time.monotonic() - t0,
+            "rc": 0,
+            "peak_mb": None,
+            "cmds_per_host": None,
+            "mb_per_node": 0,
+            "cpu_controller": None,
+            "cpu_nodes": None,
+        }
+    )
     addresses = [str(n.address) for n in spec.nodes]
     deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
     try:
         rows.append(measure("cold deploy", deploy, addresses))
         rows.append(measure("no-op re-deploy", deploy, addresses))
-        rows.append(measure("verify", [sys.executable, "-m", "tests.verify", "--cluster", str(path)],
-                            addresses))
+        rows.append(
+            measure("verify", [sys.executable, "-m", "tests.verify", "--cluster", str(path)], addresses)
+        )
         victim = spec.nodes[1]
         lifecycle.recreate(path, victim.hostname, log=lambda *_: None)
-        rows.append(measure("one-node rebuild", deploy + ["--limit", victim.hostname],
-                            [str(victim.address)]))
+        rows.append(measure("one-node rebuild", deploy + ["--limit", victim.hostname], [str(victim.address)]))
     finally:
         lifecycle.down(path, log=lambda *_: None)
     for row in rows:
@@ -143,16 +161,21 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB "
-             "| CPU s controller | CPU s nodes | exit |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB "
+        "| CPU s controller | CPU s nodes | exit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
     for r in rows:
-        lines.append(f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {num(r['cmds_per_host'], '.0f')} | "
-                     f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | "
-                     f"{num(r['cpu_controller'], '.1f')} | {num(r['cpu_nodes'], '.1f')} | {r['rc']} |")
+        lines.append(
+            f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {num(r['cmds_per_host'], '.0f')} | "
+            f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | "
+            f"{num(r['cpu_controller'], '.1f')} | {num(r['cpu_nodes'], '.1f')} | {r['rc']} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,9 +183,11 @@ def machine() -> str:
     mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
     import pyinfra
 
-    return (f"{os.cpu_count()} cores, {int(mem) / 1e6:.1f} GB RAM, kernel {platform.release()}, "
-            f"Python {platform.python_version()}, pyinfra {pyinfra.__version__}, "
-            f"{time.strftime('%Y-%m-%d')}")
+    return (
+        f"{os.cpu_count()} cores, {int(mem) / 1e6:.1f} GB RAM, kernel {platform.release()}, "
+        f"Python {platform.python_version()}, pyinfra {pyinfra.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
 
 
 def main(argv=None) -> int:
@@ -179,8 +204,10 @@ def main(argv=None) -> int:
             print(f"== {size} nodes", flush=True)
             rows += bench_size(size, 40 + i, Path(tmp))
             print(table([r for r in rows if r["size"] == size]), flush=True)
-    report = (f"# Benchmarks\n\nMachine: {machine()}\n\nCommand: `python -m tests.lab.bench "
-              f"--sizes {args.sizes}`\n\n{table(rows)}\n")
+    report = (
+        f"# Benchmarks\n\nMachine: {machine()}\n\nCommand: `python -m tests.lab.bench "
+        f"--sizes {args.sizes}`\n\n{table(rows)}\n"
+    )
     Path(args.out).write_text(report)
     print(report)
     return 0 if all(r["rc"] == 0 for r in rows) else 1

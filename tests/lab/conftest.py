@@ -19,8 +19,7 @@ def _inventory_for(cluster: Path) -> Path:
     if cluster == DEFAULT_CLUSTER:
         return REPO / "inventories" / "lab.py"
     inventory = cluster.with_name("inventory_dtlab.py")
-    inventory.write_text("from deploy.inventory import groups\n"
-                         f"globals().update(groups({str(cluster)!r}))\n")
+    inventory.write_text(f"from deploy.inventory import groups\nglobals().update(groups({str(cluster)!r}))\n")
     return inventory
 
 
@@ -53,16 +52,20 @@ class DeployRun:
         return counts
 
     def changed_operations(self) -> list[str]:
-        return [f"{op['name']} on {', '.join(op['success'])}"
-                for op in self.results.get("operations", []) if op["success"]]
+        return [
+            f"{op['name']} on {', '.join(op['success'])}"
+            for op in self.results.get("operations", [])
+            if op["success"]
+        ]
 
 
 def run_deploy(inventory=LAB_INVENTORY, limit=None, args=(), timeout=3600) -> DeployRun:
     argv = [PYINFRA, "-y", "--json", str(inventory), "deploy.py", *args]
     if limit:
         argv[1:1] = ["--limit", limit]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     return DeployRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -102,8 +105,12 @@ def lab_ssh(lab):
     spec = load_spec(LAB_CLUSTER)
 
     def ssh(hostname: str, command: str, check: bool = True, timeout: float = 300):
-        proc = subprocess.run(nodes.ssh_argv(spec, spec.node(hostname), command),
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            nodes.ssh_argv(spec, spec.node(hostname), command),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"{hostname}: {command}: {proc.stderr or proc.stdout}")
         return proc
@@ -113,7 +120,20 @@ def lab_ssh(lab):
 
 def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify",
-         "--cluster", str(cluster), *args],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/verify",
+            "--cluster",
+            str(cluster),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )

@@ -121,9 +121,9 @@ def _ar(members: Sequence[tuple[str, bytes]]) -> bytes:
     for name, data in members:
         if len(name) > 16:
             raise ValueError(f"ar member name too long: {name}")
-        header = (
-            f"{name:<16}{SOURCE_DATE_EPOCH:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n"
-        ).encode("ascii")
+        header = (f"{name:<16}{SOURCE_DATE_EPOCH:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n").encode(
+            "ascii"
+        )
         assert len(header) == 60
         out += header + data
         if len(data) % 2:

@@ -43,11 +43,17 @@ def _matrix(count: int, link) -> list[list[str]]:
 
 PRESETS = {
     # Two NVLink domains of four (NV12 inside, SYS across): the stand-in's own default.
-    "a100-2x4": lambda: {"gpus": _gpus(8, 4), "nics": ["mlx5_0"],
-                         "matrix": _matrix(8, lambda a, b: "NV12" if a // 4 == b // 4 else "SYS")},
+    "a100-2x4": lambda: {
+        "gpus": _gpus(8, 4),
+        "nics": ["mlx5_0"],
+        "matrix": _matrix(8, lambda a, b: "NV12" if a // 4 == b // 4 else "SYS"),
+    },
     # One NVSwitch domain of eight: every pair NV12.
-    "a100-nvswitch-8": lambda: {"gpus": _gpus(8, 4), "nics": ["mlx5_0"],
-                                "matrix": _matrix(8, lambda a, b: "NV12")},
+    "a100-nvswitch-8": lambda: {
+        "gpus": _gpus(8, 4),
+        "nics": ["mlx5_0"],
+        "matrix": _matrix(8, lambda a, b: "NV12"),
+    },
 }
 
 
@@ -61,7 +67,8 @@ def node_files(cluster_path: Path) -> dict[str, dict[str, str]]:
     for hostname, spec in (raw.get("nodes") or {}).items():
         preset = spec.get("gpu_topology")
         if preset not in PRESETS:
-            raise ValueError(f"{sidecar}: nodes.{hostname}.gpu_topology: {preset!r}: "
-                             f"not one of {', '.join(PRESETS)}")
+            raise ValueError(
+                f"{sidecar}: nodes.{hostname}.gpu_topology: {preset!r}: not one of {', '.join(PRESETS)}"
+            )
         files[hostname] = {"gpu-topology.json": json.dumps(PRESETS[preset](), indent=1) + "\n"}
     return files

@@ -77,8 +77,10 @@ def up(cluster_path: Path, log=print) -> LabSpec:
     log(f"controller services ready ({time.monotonic() - t0:.1f}s)")
     stale = pins.stale(cluster_path)
     if stale:
-        log(f"warning: {cluster_path}: sha256 of {', '.join(stale)} differ from the lab mirror's "
-            f"build; run `python -m tests.lab.pins {cluster_path}`")
+        log(
+            f"warning: {cluster_path}: sha256 of {', '.join(stale)} differ from the lab mirror's "
+            f"build; run `python -m tests.lab.pins {cluster_path}`"
+        )
     public_key = Path(f"{spec.ssh_key}.pub").read_text()
     t1 = time.monotonic()
     for node in spec.nodes:
@@ -91,8 +93,7 @@ def up(cluster_path: Path, log=print) -> LabSpec:
     for node in spec.nodes:
         state = nodes.wait_ready(spec, node)
         log(f"{node.hostname}: {state} at {node.address}")
-    log(f"{len(spec.nodes)} nodes up; boot {time.monotonic() - t1:.1f}s, "
-        f"total {time.monotonic() - t0:.1f}s")
+    log(f"{len(spec.nodes)} nodes up; boot {time.monotonic() - t1:.1f}s, total {time.monotonic() - t0:.1f}s")
     return spec
 
 
@@ -138,12 +139,14 @@ def status(cluster_path: Path) -> list[dict]:
     namespaces = network.netns_list()
     rows = []
     for node in spec.nodes:
-        rows.append({
-            "node": node.hostname,
-            "address": str(node.address),
-            "netns": node.netns in namespaces,
-            "mounted": rootfs.is_mounted(node.root),
-            "supervisor": nodes.supervisor_pid(node),
-            "nspawn": nodes.nspawn_pid(node),
-        })
+        rows.append(
+            {
+                "node": node.hostname,
+                "address": str(node.address),
+                "netns": node.netns in namespaces,
+                "mounted": rootfs.is_mounted(node.root),
+                "supervisor": nodes.supervisor_pid(node),
+                "nspawn": nodes.nspawn_pid(node),
+            }
+        )
     return rows

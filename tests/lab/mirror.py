@@ -152,10 +152,7 @@ def _sha256(path: Path) -> str:
 
 
 def write_sums(mirror_dir: Path) -> str:
-    lines = [
-        f"{_sha256(p)}  {p.relative_to(mirror_dir).as_posix()}\n"
-        for p in non_apt_artifacts(mirror_dir)
-    ]
+    lines = [f"{_sha256(p)}  {p.relative_to(mirror_dir).as_posix()}\n" for p in non_apt_artifacts(mirror_dir)]
     text = "".join(lines)
     (mirror_dir / SUMS_FILE).write_text(text)
     return text

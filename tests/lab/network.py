@@ -48,8 +48,7 @@ def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
         (node.veth_ib, "ib0", spec.bridge_ib),
     ):
         if host_end not in links:
-            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", peer,
-                "netns", node.netns)
+            run("ip", "link", "add", host_end, "type", "veth", "peer", "name", peer, "netns", node.netns)
         run("ip", "link", "set", host_end, "master", bridge, "up")
     ns = ("ip", "-n", node.netns)
     run(*ns, "link", "set", "lo", "up")
@@ -59,8 +58,17 @@ def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
         run(*ns, "addr", "add", cidr, "dev", "eth0")
     # ib0 is left unconfigured and down: configuring it is the deploy's job.
     # dockerd needs forwarding and cannot set it from inside nspawn (read-only /proc/sys).
-    run("ip", "netns", "exec", node.netns, "sysctl", "-q", "-w",
-        "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+    run(
+        "ip",
+        "netns",
+        "exec",
+        node.netns,
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.ip_forward=1",
+        "net.ipv6.conf.all.forwarding=1",
+    )
 
 
 def remove_node_network(node: LabNode) -> None:

@@ -13,8 +13,16 @@ from .shell import LabError
 from .spec import LabNode, LabSpec
 
 SSH_OPTS = (
-    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-    "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=3",
 )
 
 
@@ -43,16 +51,28 @@ def is_running(node: LabNode) -> bool:
 def start(spec: LabSpec, node: LabNode) -> None:
     LOGS.mkdir(parents=True, exist_ok=True)
     argv = [
-        sys.executable, "-m", "tests.lab.supervise", "--name", node.hostname,
-        "--root", str(node.root), "--netns", str(netns_path(node)),
-        "--pidfile", str(node.dir / "nspawn.pid"),
+        sys.executable,
+        "-m",
+        "tests.lab.supervise",
+        "--name",
+        node.hostname,
+        "--root",
+        str(node.root),
+        "--netns",
+        str(netns_path(node)),
+        "--pidfile",
+        str(node.dir / "nspawn.pid"),
     ]
     if node.is_storage:
         node.data_disk.mkdir(parents=True, exist_ok=True)
         argv += ["--bind", f"{node.data_disk}:{spec.storage_data_dir}"]
     log = open(LOGS / f"{node.hostname}.console.log", "ab")
     proc = subprocess.Popen(
-        argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        argv,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
         start_new_session=True,
     )
     (node.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
@@ -61,7 +81,9 @@ def start(spec: LabSpec, node: LabNode) -> None:
         if supervisor_pid(node):
             return
         time.sleep(0.1)
-    raise LabError(f"{node.hostname}: supervisor did not start; see {LOGS / (node.hostname + '.console.log')}")
+    raise LabError(
+        f"{node.hostname}: supervisor did not start; see {LOGS / (node.hostname + '.console.log')}"
+    )
 
 
 def kill_leftovers(node: LabNode) -> list[int]:
@@ -124,7 +146,9 @@ def wait_ready(spec: LabSpec, node: LabNode, timeout: float = 120) -> str:
             )
         proc = subprocess.run(
             ssh_argv(spec, node, "systemctl", "is-system-running", "--wait"),
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         last = (proc.stdout or proc.stderr).strip() or f"ssh exited {proc.returncode}"
         if last in ("running", "degraded"):

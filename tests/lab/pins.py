@@ -48,8 +48,11 @@ def expected_pins(cluster_path: Path, mirror_dir: Path) -> dict[str, str]:
 
 def stale(cluster_path: Path, mirror_dir: Path = MIRROR) -> list[str]:
     raw = yaml.safe_load(Path(cluster_path).read_text())["sources"]
-    return [name for name, digest in expected_pins(cluster_path, mirror_dir).items()
-            if raw[name].get("sha256") != digest]
+    return [
+        name
+        for name, digest in expected_pins(cluster_path, mirror_dir).items()
+        if raw[name].get("sha256") != digest
+    ]
 
 
 def rewrite(text: str, pins: dict[str, str]) -> str:

@@ -23,8 +23,15 @@ def ensure_base() -> bool:
     tmp = BASE_ROOTFS.with_name(BASE_ROOTFS.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # a half-built base from an interrupted run
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    run("debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
-        "bookworm", tmp, DEBIAN_MIRROR, timeout=1800)
+    run(
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={BASE_PACKAGES}",
+        "bookworm",
+        tmp,
+        DEBIAN_MIRROR,
+        timeout=1800,
+    )
     # Every node gets its own identity; none may inherit the base's.
     for key in (tmp / "etc/ssh").glob("ssh_host_*"):
         key.unlink()

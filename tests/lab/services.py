@@ -38,8 +38,9 @@ def _daemon(name: str, argv: list[str], port: int, marker: str) -> None:
     RUN.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
     log = open(LOGS / f"{name}.log", "ab")
-    proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=log, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+    )
     pidfile.write_text(f"{proc.pid}\n")
     for _ in range(100):
         if _listening(port):
@@ -57,20 +58,35 @@ def ensure_apt_proxy() -> None:
     current = ACNG_BACKENDS.read_text() if ACNG_BACKENDS.exists() else ""
     if current != DEBIAN_BACKEND:
         ACNG_BACKENDS.write_text(DEBIAN_BACKEND)
-    _daemon("apt-cacher-ng",
-            ["/usr/sbin/apt-cacher-ng", "-c", "/etc/apt-cacher-ng", "ForeGround=1",
-             f"Port={APT_PROXY_PORT}"],
-            APT_PROXY_PORT, "apt-cacher-ng")
+    _daemon(
+        "apt-cacher-ng",
+        ["/usr/sbin/apt-cacher-ng", "-c", "/etc/apt-cacher-ng", "ForeGround=1", f"Port={APT_PROXY_PORT}"],
+        APT_PROXY_PORT,
+        "apt-cacher-ng",
+    )
 
 
 def ensure_mirror(base_url: str) -> None:
     from . import mirror
 
     mirror.build_mirror(MIRROR, base_url, GPG_HOME)
-    _daemon("mirror",
-            [sys.executable, "-m", "tests.lab.mirror", "serve", "--dir", str(MIRROR),
-             "--bind", "0.0.0.0", "--port", str(MIRROR_PORT)],
-            MIRROR_PORT, "tests.lab.mirror")
+    _daemon(
+        "mirror",
+        [
+            sys.executable,
+            "-m",
+            "tests.lab.mirror",
+            "serve",
+            "--dir",
+            str(MIRROR),
+            "--bind",
+            "0.0.0.0",
+            "--port",
+            str(MIRROR_PORT),
+        ],
+        MIRROR_PORT,
+        "tests.lab.mirror",
+    )
 
 
 def stop_services() -> None:

@@ -9,7 +9,10 @@ class LabError(Exception):
 
 def run(*argv, check=True, capture=True, input=None, timeout=None):
     proc = subprocess.run(
-        [str(a) for a in argv], capture_output=capture, text=True, input=input,
+        [str(a) for a in argv],
+        capture_output=capture,
+        text=True,
+        input=input,
         timeout=timeout,
     )
     if check and proc.returncode != 0:

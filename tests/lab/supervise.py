@@ -19,9 +19,17 @@ def nspawn_argv(args) -> list[str]:
     # --network-namespace-path) so that the sysfs it mounts shows the node's own
     # interfaces in /sys/class/net, as on a real server, not the controller's.
     nspawn = [
-        "systemd-nspawn", "--quiet", "-D", args.root, "--boot",
-        "--register=no", "--keep-unit", "-M", args.name,
-        "--capability=CAP_NET_ADMIN", "--console=read-only",
+        "systemd-nspawn",
+        "--quiet",
+        "-D",
+        args.root,
+        "--boot",
+        "--register=no",
+        "--keep-unit",
+        "-M",
+        args.name,
+        "--capability=CAP_NET_ADMIN",
+        "--console=read-only",
     ]
     nspawn += [f"--bind={b}" for b in args.bind]
     # A fresh sysfs, mounted from inside the node's namespace, with the cgroup mounts
@@ -33,8 +41,21 @@ def nspawn_argv(args) -> list[str]:
         f"mount --move {park} /sys/fs/cgroup && rmdir {park} && "
         'exec "$@"'
     )
-    return ["nsenter", f"--net={args.netns}", "--", "unshare", "--mount", "--propagation",
-            "private", "--", "sh", "-c", script, "sh", *nspawn]
+    return [
+        "nsenter",
+        f"--net={args.netns}",
+        "--",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        *nspawn,
+    ]
 
 
 def reset_kernel_network_state(netns: str) -> None:

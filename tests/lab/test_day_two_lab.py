@@ -38,22 +38,36 @@ from .test_scheduler_lab import SEARCHED, SECRET_FILES, run_on, secrets_of
 pytestmark = pytest.mark.lab
 
 # Units whose restart would interrupt users; compared before and after a rebuild elsewhere.
-UNIT_PATTERNS = ("minio.service", "postgresql@*.service", "determined-master.service",
-                 "determined-agent*.service", "docker.service")
+UNIT_PATTERNS = (
+    "minio.service",
+    "postgresql@*.service",
+    "determined-master.service",
+    "determined-agent*.service",
+    "docker.service",
+)
 
 
 def lab_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.lab", "--cluster", str(LAB_CLUSTER), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.lab", "--cluster", str(LAB_CLUSTER), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def rebuild(hostname: str, *pyinfra_args: str) -> DeployRun:
     """The one command an operator runs; --json so the test can read per-host changes."""
     proc = subprocess.run(
-        [sys.executable, "-m", "deploy.rebuild", str(LAB_INVENTORY), hostname, "--json",
-         *pyinfra_args],
-        cwd=REPO, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        [sys.executable, "-m", "deploy.rebuild", str(LAB_INVENTORY), hostname, "--json", *pyinfra_args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        stdin=subprocess.DEVNULL,
+    )
     return DeployRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -72,10 +86,13 @@ def expected_units(node) -> list[str]:
 def unit_states(cluster, node) -> dict[str, str]:
     """Active service units of interest -> 'MainPID=..|ActiveEnterTimestamp=..|NRestarts=..'."""
     patterns = " ".join(shlex.quote(p) for p in UNIT_PATTERNS)
-    out = run_on(cluster, node.hostname,
-                 f"systemctl list-units --type=service --state=active --plain --no-legend {patterns}"
-                 " | awk '{print $1}' | xargs -r systemctl show -p Id -p MainPID "
-                 "-p ActiveEnterTimestamp -p NRestarts").stdout
+    out = run_on(
+        cluster,
+        node.hostname,
+        f"systemctl list-units --type=service --state=active --plain --no-legend {patterns}"
+        " | awk '{print $1}' | xargs -r systemctl show -p Id -p MainPID "
+        "-p ActiveEnterTimestamp -p NRestarts",
+    ).stdout
     states = {}
     for block in out.strip().split("\n\n"):
         fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -95,8 +112,9 @@ def settled_states(cluster, nodes, timeout: float = 90) -> dict[tuple[str, str],
         states, missing = {}, []
         for node in nodes:
             found = unit_states(cluster, node)
-            missing += [f"{node.hostname}:{p}" for p in expected_units(node)
-                        if not any(fnmatch(u, p) for u in found)]
+            missing += [
+                f"{node.hostname}:{p}" for p in expected_units(node) if not any(fnmatch(u, p) for u in found)
+            ]
             states.update({(node.hostname, u): s for u, s in found.items()})
         if not missing:
             return states
@@ -107,8 +125,13 @@ def settled_states(cluster, nodes, timeout: float = 90) -> dict[tuple[str, str],
 
 def minio_client(cluster) -> Minio:
     s = cluster.storage
-    return Minio(f"{cluster.storage_node.address}:{s.port}", access_key=s.access_key.value,
-                 secret_key=s.secret_key.value, secure=False, region=s.region)
+    return Minio(
+        f"{cluster.storage_node.address}:{s.port}",
+        access_key=s.access_key.value,
+        secret_key=s.secret_key.value,
+        secure=False,
+        region=s.region,
+    )
 
 
 def put_probe(cluster) -> tuple[str, bytes]:
@@ -146,8 +169,12 @@ def wait_registered(cluster, node, timeout: float = 120) -> list[dict]:
 
 
 def assert_blank(cluster, hostname: str) -> None:
-    probe = run_on(cluster, hostname, "ls /etc/determined /usr/bin/determined-master "
-                   "/usr/bin/determined-agent /usr/local/bin/minio 2>/dev/null | wc -l").stdout
+    probe = run_on(
+        cluster,
+        hostname,
+        "ls /etc/determined /usr/bin/determined-master "
+        "/usr/bin/determined-agent /usr/local/bin/minio 2>/dev/null | wc -l",
+    ).stdout
     assert probe.strip() == "0", f"{hostname} is not blank after recreate"
 
 
@@ -161,9 +188,14 @@ def assert_verify_green() -> None:
 
 def dry_run(hostname: str) -> dict:
     """`pyinfra --dry --json` without -y: with -y pyinfra skips change detection."""
-    proc = subprocess.run([PYINFRA, "--dry", "--json", "--limit", hostname, str(LAB_INVENTORY),
-                           "deploy.py"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [PYINFRA, "--dry", "--json", "--limit", hostname, str(LAB_INVENTORY), "deploy.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
 
@@ -179,8 +211,11 @@ def drift(deployed, deploy, lab):
     clean = dry_run(node.hostname)
     other = lab.agents[0]
     # Inside the managed block: another node's address changed by hand.
-    run_on(lab, node.hostname, f"sed -i 's/^{other.address}\\t{other.hostname}$/"
-                               f"192.0.2.7\\t{other.hostname}/' /etc/hosts")
+    run_on(
+        lab,
+        node.hostname,
+        f"sed -i 's/^{other.address}\\t{other.hostname}$/192.0.2.7\\t{other.hostname}/' /etc/hosts",
+    )
     run_on(lab, node.hostname, f"grep -q '^192.0.2.7\t{other.hostname}$' /etc/hosts")
     mtu = lab.network.ipoib.mtu
     run_on(lab, node.hostname, f"ip link set {lab.network.ipoib.interface} mtu {mtu - 500}")
@@ -217,7 +252,8 @@ def test_dry_run_shows_the_hosts_block_and_the_unheld_package(drift):
     assert unexpected == set(), f"the dry run shows changes that are no drift: {unexpected}"
     # A conditional step (one that runs only if an earlier one changes something) is no drift.
     assert planned(drifted, "hosts_with_conditional_change") <= (
-        planned(clean, "hosts_with_conditional_change") | {n for n in changes if is_ib0(n)})
+        planned(clean, "hosts_with_conditional_change") | {n for n in changes if is_ib0(n)}
+    )
 
 
 def test_dry_run_shows_the_ib0_mtu(drift):
@@ -225,7 +261,8 @@ def test_dry_run_shows_the_ib0_mtu(drift):
     changes = planned(drifted, "hosts_with_change")
     assert any(map(is_ib0, changes)), (
         "the ib0 MTU drift is not a change in the dry-run plan "
-        f"(conditional on a clean node: {sorted(planned(clean, 'hosts_with_conditional_change'))})")
+        f"(conditional on a clean node: {sorted(planned(clean, 'hosts_with_conditional_change'))})"
+    )
 
 
 def test_the_real_run_changes_exactly_the_drift(drift, lab):
@@ -264,10 +301,14 @@ def test_a_held_dpkg_lock_is_waited_for(deployed, deploy, lab):
     assert 'DPkg::Lock::Timeout "600";' in conf, conf
     # Something the deploy has to install again (it needs curl only where it downloads).
     run_on(lab, node, "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q curl >/dev/null")
-    run_on(lab, node, f"rm -f /run/dtlab-apt-lock-held {RELEASED}; "
-                      f"systemd-run -q --unit={LOCK_UNIT} python3 -c {shlex.quote(HOLD_LOCK)}; "
-                      "for i in $(seq 50); do [ -e /run/dtlab-apt-lock-held ] && exit 0; "
-                      "sleep 0.1; done; exit 1")
+    run_on(
+        lab,
+        node,
+        f"rm -f /run/dtlab-apt-lock-held {RELEASED}; "
+        f"systemd-run -q --unit={LOCK_UNIT} python3 -c {shlex.quote(HOLD_LOCK)}; "
+        "for i in $(seq 50); do [ -e /run/dtlab-apt-lock-held ] && exit 0; "
+        "sleep 0.1; done; exit 1",
+    )
     try:
         started = time.time()
         run = deploy(limit=node)
@@ -281,11 +322,16 @@ def test_a_held_dpkg_lock_is_waited_for(deployed, deploy, lab):
         stamp = int(run_on(lab, node, f"date -d {when} +%s").stdout)
         # dpkg.log has whole seconds: the install began after the lock was let go.
         assert stamp >= int(released), (installed, released)
-        assert any("curl" in op or "download tools" in op for op in run.changed_operations()), \
+        assert any("curl" in op or "download tools" in op for op in run.changed_operations()), (
             run.changed_operations()
+        )
     finally:
-        run_on(lab, node, f"systemctl stop {LOCK_UNIT} 2>/dev/null; "
-                          f"systemctl reset-failed {LOCK_UNIT} 2>/dev/null; true", check=False)
+        run_on(
+            lab,
+            node,
+            f"systemctl stop {LOCK_UNIT} 2>/dev/null; systemctl reset-failed {LOCK_UNIT} 2>/dev/null; true",
+            check=False,
+        )
     run_on(lab, node, "command -v curl")
 
 
@@ -350,23 +396,28 @@ def assert_no_secret_leaked(cluster, output: str) -> None:
     assert leaked == [], f"secret #{leaked} appears in the rebuild's -vvv --debug output"
     debug_log = REPO / "pyinfra-debug.log"
     if debug_log.exists():
-        assert not any(s in debug_log.read_text(errors="replace") for s in secrets), \
+        assert not any(s in debug_log.read_text(errors="replace") for s in secrets), (
             "a secret appears in pyinfra-debug.log"
+        )
     patterns_file = "/root/.day-two-patterns"
     patterns = "\n".join(secrets) + "\n"
     for node in cluster.nodes:
         host = node.hostname
         run_on(cluster, host, f"umask 077; cat > {patterns_file}", stdin=patterns)
         try:
-            files = run_on(cluster, host, f"grep -rlsF -f {patterns_file} {' '.join(SEARCHED)} "
-                                          f"| grep -vxF {patterns_file} || true").stdout.split()
+            files = run_on(
+                cluster,
+                host,
+                f"grep -rlsF -f {patterns_file} {' '.join(SEARCHED)} | grep -vxF {patterns_file} || true",
+            ).stdout.split()
             assert sorted(set(files) - SECRET_FILES) == [], f"{host}: secrets in {files}"
             # So no world-readable file (under /etc or elsewhere searched) holds one.
             for path in files:
                 mode = run_on(cluster, host, f"stat -c '%U:%G %a' {shlex.quote(path)}").stdout.strip()
                 assert mode == "root:root 600", f"{host}:{path} holds a secret but is {mode}"
-            journal = run_on(cluster, host, f"journalctl --no-pager -o cat | grep -cF -f "
-                                            f"{patterns_file} || true").stdout.strip()
+            journal = run_on(
+                cluster, host, f"journalctl --no-pager -o cat | grep -cF -f {patterns_file} || true"
+            ).stdout.strip()
             assert journal == "0", f"{host}: {journal} journal lines hold a secret"
         finally:
             run_on(cluster, host, f"rm -f {patterns_file}", check=False)
@@ -399,10 +450,24 @@ HOLD_DPKG_LOCK = (
 
 def hold_dpkg_lock(node: str) -> subprocess.Popen:
     holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.lab", "--cluster", str(LAB_CLUSTER), "exec", node,
-         "python3", "-c", HOLD_DPKG_LOCK],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "tests.lab",
+            "--cluster",
+            str(LAB_CLUSTER),
+            "exec",
+            node,
+            "python3",
+            "-c",
+            HOLD_DPKG_LOCK,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     line = holder.stdout.readline()
     assert line.strip() == "locked", holder.stderr.read() if holder.poll() is not None else line
     return holder
@@ -418,8 +483,7 @@ def deploy_losing_ssh(node: str, out, err) -> int:
     """A full deploy in the background; sshd of `node` stopped once operations run."""
     argv = [PYINFRA, "-y", "--json", str(LAB_INVENTORY), "deploy.py"]
     with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=stdout, stderr=stderr,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 300
             # Past its first operations: the plan is made and every host is connected.
@@ -451,8 +515,7 @@ def test_ssh_lost_on_one_node_mid_run(deployed, deploy, lab, tmp_path):
         # The other agents ran the plan to its last role (their last operations differ with
         # their agent_layout, so each one's own last operation is what counts).
         for other in {n.hostname for n in lab.agents} - {node}:
-            ran = [op["name"] for op in run.results["operations"]
-                   if other in op["success"] + op["no_change"]]
+            ran = [op["name"] for op in run.results["operations"] if other in op["success"] + op["no_change"]]
             assert ran and ran[-1].startswith("Determined agent |"), (other, ran[-3:])
         tail = "\n".join(run.stderr.strip().splitlines()[-3:])
         assert re.search(rf"^\s+{re.escape(node)}: SSH connection lost at '", tail, re.M), tail

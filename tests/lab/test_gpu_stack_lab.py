@@ -25,8 +25,9 @@ def boots(hostname: str) -> int:
     log = LOGS / f"{hostname}.console.log"
     if not log.exists():
         return 0
-    return sum(1 for line in log.read_text(errors="replace").splitlines()
-               if line.startswith("supervise: boot "))
+    return sum(
+        1 for line in log.read_text(errors="replace").splitlines() if line.startswith("supervise: boot ")
+    )
 
 
 def all_boots(cluster) -> dict[str, int]:
@@ -42,8 +43,12 @@ def reboot_and_wait(lab_ssh, hostname: str, timeout: float = 120) -> None:
     lab_ssh(hostname, "systemctl reboot", check=False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        probe = lab_ssh(hostname, "systemctl is-system-running --wait >/dev/null; "
-                                  "cat /proc/sys/kernel/random/boot_id", check=False, timeout=60)
+        probe = lab_ssh(
+            hostname,
+            "systemctl is-system-running --wait >/dev/null; cat /proc/sys/kernel/random/boot_id",
+            check=False,
+            timeout=60,
+        )
         if probe.returncode == 0 and probe.stdout.strip() and probe.stdout.strip() != before:
             return
         time.sleep(2)
@@ -57,27 +62,33 @@ def preseed_old_driver(lab_ssh, hostname: str, cluster) -> None:
     listing = sources_list_path(os_id, os_version)
     old = driver_pins(OLD_DRIVER)
     names = " ".join(p for p, _ in old.packages)
-    fetch = ("import urllib.request, sys; "
-             "urllib.request.urlretrieve(sys.argv[1], '/tmp/cuda-keyring.deb')")
-    script = "; ".join([
-        "set -e",
-        f"python3 -c {shlex.quote(fetch)} {shlex.quote(url + 'cuda-keyring_1.1-1_all.deb')}",
-        "dpkg --force-confdef --force-confold -i /tmp/cuda-keyring.deb",
-        f"printf %s {shlex.quote(sources_list(url))} > {listing}",
-        # Only the CUDA repo: the node's own Debian sources may be unreachable from here.
-        (f"apt-get update -o Dir::Etc::sourcelist={listing} -o Dir::Etc::sourceparts=- "
-         "-o APT::Get::List-Cleanup=0"),
-        f"apt-mark unhold {names} >/dev/null",
-        ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-         "--allow-change-held-packages " + " ".join(old.install_args())),
-        f"apt-mark hold {names}",
-    ])
+    fetch = "import urllib.request, sys; urllib.request.urlretrieve(sys.argv[1], '/tmp/cuda-keyring.deb')"
+    script = "; ".join(
+        [
+            "set -e",
+            f"python3 -c {shlex.quote(fetch)} {shlex.quote(url + 'cuda-keyring_1.1-1_all.deb')}",
+            "dpkg --force-confdef --force-confold -i /tmp/cuda-keyring.deb",
+            f"printf %s {shlex.quote(sources_list(url))} > {listing}",
+            # Only the CUDA repo: the node's own Debian sources may be unreachable from here.
+            (
+                f"apt-get update -o Dir::Etc::sourcelist={listing} -o Dir::Etc::sourceparts=- "
+                "-o APT::Get::List-Cleanup=0"
+            ),
+            f"apt-mark unhold {names} >/dev/null",
+            (
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                "--allow-change-held-packages " + " ".join(old.install_args())
+            ),
+            f"apt-mark hold {names}",
+        ]
+    )
     lab_ssh(hostname, f"sh -c {shlex.quote(script)}", timeout=600)
 
 
 def smi_versions(lab_ssh, hostname: str) -> set[str]:
-    out = lab_ssh(hostname, "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits",
-                  check=False)
+    out = lab_ssh(
+        hostname, "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits", check=False
+    )
     return {line.strip() for line in out.stdout.splitlines() if line.strip()}
 
 
@@ -93,12 +104,12 @@ def test_old_driver_moves_to_the_pin_with_exactly_one_reboot(deployed, deploy, l
     after = all_boots(lab)
 
     assert after[node] - before[node] == 1, "the driver change must cost exactly one reboot"
-    assert {h: after[h] - before[h] for h in after if h != node} == {
-        h: 0 for h in after if h != node}
+    assert {h: after[h] - before[h] for h in after if h != node} == {h: 0 for h in after if h != node}
     assert smi_versions(lab_ssh, node) == {lab.versions.nvidia_driver}
     pins = driver_pins(lab.versions.nvidia_driver)
-    installed = lab_ssh(node, "dpkg-query -W -f='${Package} ${Version}\\n' "
-                        + " ".join(p for p, _ in pins.packages)).stdout.split("\n")
+    installed = lab_ssh(
+        node, "dpkg-query -W -f='${Package} ${Version}\\n' " + " ".join(p for p, _ in pins.packages)
+    ).stdout.split("\n")
     assert sorted(filter(None, installed)) == sorted(f"{p} {v}" for p, v in pins.packages)
     held = set(lab_ssh(node, "apt-mark showhold").stdout.split())
     assert {p for p, _ in pins.packages} <= held
@@ -123,19 +134,16 @@ def wrong_ofed_sha_inventory(lab, tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(raw, sort_keys=False))
     inventory = tmp_path / "inventory.py"
-    inventory.write_text("from deploy.inventory import groups\n"
-                         f"globals().update(groups({str(cluster)!r}))\n")
+    inventory.write_text(f"from deploy.inventory import groups\nglobals().update(groups({str(cluster)!r}))\n")
     return inventory
 
 
-def test_wrong_ofed_sha_stops_that_host_only(deployed, deploy, lab, lab_ssh,
-                                             wrong_ofed_sha_inventory):
+def test_wrong_ofed_sha_stops_that_host_only(deployed, deploy, lab, lab_ssh, wrong_ofed_sha_inventory):
     node = lab.nodes[-1].hostname
     others = [n.hostname for n in lab.nodes if n.hostname != node]
     lab_ssh(node, "/usr/sbin/ofed_uninstall.sh --force")
     os_id, os_version = lab_ssh(node, ". /etc/os-release; echo $ID $VERSION_ID").stdout.split()
-    tarball = mofed.tarball_name(
-        lab.sources.mofed_url_for(os_id, os_version, lab.versions.mofed))
+    tarball = mofed.tarball_name(lab.sources.mofed_url_for(os_id, os_version, lab.versions.mofed))
     try:
         run = deploy(inventory=wrong_ofed_sha_inventory)
         assert run.returncode == 1, run.stderr[-4000:]
@@ -144,8 +152,7 @@ def test_wrong_ofed_sha_stops_that_host_only(deployed, deploy, lab, lab_ssh,
         left = lab_ssh(node, f"find / -xdev -name '{tarball}*' 2>/dev/null", check=False)
         assert left.stdout.strip() == "", left.stdout
         for other in others:
-            assert lab_ssh(other, "ofed_info -s").stdout.strip() == (
-                ofed_release(lab.versions.mofed) + ":")
+            assert lab_ssh(other, "ofed_info -s").stdout.strip() == (ofed_release(lab.versions.mofed) + ":")
     finally:
         restored = deploy()
     assert restored.returncode == 0, restored.stderr[-4000:]

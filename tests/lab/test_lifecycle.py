@@ -25,15 +25,16 @@ def small_lab(tmp_path_factory):
     text = text.replace("lab-master", "lc-master").replace("lab-gpu1", "lc-gpu1")
     # Two nodes are enough here.
     head, _, rest = text.partition("  - hostname: lab-gpu2")
-    text = head + rest[rest.index("\nsources:"):].lstrip("\n")
+    text = head + rest[rest.index("\nsources:") :].lstrip("\n")
     path.write_text(text)
     yield path
     lifecycle.down(path, log=lambda *_: None)
 
 
 def _ssh(spec, hostname, command):
-    return subprocess.run(nodes.ssh_argv(spec, spec.node(hostname), command),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        nodes.ssh_argv(spec, spec.node(hostname), command), capture_output=True, text=True, timeout=60
+    )
 
 
 def _leftovers(spec) -> list[str]:

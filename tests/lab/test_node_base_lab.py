@@ -32,7 +32,10 @@ def test_hosts_lines_outside_the_block_survive(deployed, deploy, lab_ssh, lab):
 
 def test_firewall_cleared_and_stays_clear_after_reboot(deployed, deploy, lab_ssh, lab):
     node = lab.agents[-1].hostname
-    lab_ssh(node, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw && ufw allow 22/tcp && ufw --force enable")
+    lab_ssh(
+        node,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw && ufw allow 22/tcp && ufw --force enable",
+    )
     assert int(lab_ssh(node, "iptables -S | wc -l").stdout) > 3
     run = deploy(limit=node)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -43,16 +46,22 @@ def test_firewall_cleared_and_stays_clear_after_reboot(deployed, deploy, lab_ssh
     deadline = time.monotonic() + 180
     probe = None
     while time.monotonic() < deadline:
-        probe = lab_ssh(node, "timeout 30 systemctl is-system-running --wait; "
-                        "cat /proc/sys/kernel/random/boot_id", check=False, timeout=60)
+        probe = lab_ssh(
+            node,
+            "timeout 30 systemctl is-system-running --wait; cat /proc/sys/kernel/random/boot_id",
+            check=False,
+            timeout=60,
+        )
         if probe.returncode == 0 and probe.stdout and before not in probe.stdout:
             break
         time.sleep(2)
     else:
         console = (LOGS / f"{node}.console.log").read_text(errors="replace")[-3000:]
-        raise AssertionError(f"{node} did not come back from its reboot: last probe "
-                             f"{probe.returncode if probe else '-'} {probe.stderr if probe else ''}"
-                             f"\n--- console ---\n{console}")
+        raise AssertionError(
+            f"{node} did not come back from its reboot: last probe "
+            f"{probe.returncode if probe else '-'} {probe.stderr if probe else ''}"
+            f"\n--- console ---\n{console}"
+        )
     for tool in ("iptables", "ip6tables"):
         assert foreign_rules(lab_ssh(node, f"{tool}-save").stdout.splitlines()) == []
     ib0 = lab_ssh(node, "ip -br addr show ib0").stdout.split()
@@ -62,8 +71,11 @@ def test_firewall_cleared_and_stays_clear_after_reboot(deployed, deploy, lab_ssh
 def test_preflight_names_the_process_on_the_master_port(deployed, deploy, lab_ssh, lab):
     port = lab.master_port
     master = lab.master_node.hostname
-    lab_ssh(master, "systemctl stop determined-master 2>/dev/null; "
-            f"systemd-run --unit=slurmctld python3 -m http.server {port}")
+    lab_ssh(
+        master,
+        "systemctl stop determined-master 2>/dev/null; "
+        f"systemd-run --unit=slurmctld python3 -m http.server {port}",
+    )
     try:
         time.sleep(1)
         run = deploy(limit=master)

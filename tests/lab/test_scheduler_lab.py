@@ -31,26 +31,46 @@ SECRET_FILES = {
     "/etc/determined/master-s3.env",
 }
 # Where a leaked secret would land on a node besides the journal and process list.
-SEARCHED = ("/etc", "/var/log", "/root", "/tmp", "/var/tmp", "/run", "/usr/local",
-            "/var/cache/apt/archives", "/var/lib/dpkg")
+SEARCHED = (
+    "/etc",
+    "/var/log",
+    "/root",
+    "/tmp",
+    "/var/tmp",
+    "/run",
+    "/usr/local",
+    "/var/cache/apt/archives",
+    "/var/lib/dpkg",
+)
 PATTERNS = "/root/.scheduler-lab-patterns"  # removed again by every test that writes it
 
 
 def secrets_of(cluster) -> list[str]:
-    return [cluster.storage.access_key.value, cluster.storage.secret_key.value,
-            cluster.database.password.value, cluster.determined.admin_password.value]
+    return [
+        cluster.storage.access_key.value,
+        cluster.storage.secret_key.value,
+        cluster.database.password.value,
+        cluster.determined.admin_password.value,
+    ]
 
 
-def run_on(cluster, hostname: str, command: str, stdin: str | None = None,
-           check: bool = True) -> subprocess.CompletedProcess:
+def run_on(
+    cluster, hostname: str, command: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """ssh to a lab node of `cluster` (any lab, not only the default one); stdin carries data
     that must not appear on a command line."""
     from tests.lab import nodes
     from tests.lab.spec import load_spec
 
     spec = load_spec(cluster.path)
-    proc = subprocess.run(nodes.ssh_argv(spec, spec.node(hostname), command), input=stdin, check=False,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        nodes.ssh_argv(spec, spec.node(hostname), command),
+        input=stdin,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{hostname}: {command}: {proc.stderr or proc.stdout}")
     return proc
@@ -67,8 +87,11 @@ def services(cluster, node) -> list[str]:
         units.append("docker.service")
         if node.agent_layout == "per_domain":  # one agent instance per NVLink domain
             configs = run_on(cluster, node.hostname, "ls /etc/determined").stdout.split()
-            units += sorted(f"determined-agent@{c[len('agent-'):-len('.yaml')]}.service"
-                            for c in configs if c.startswith("agent-") and c.endswith(".yaml"))
+            units += sorted(
+                f"determined-agent@{c[len('agent-') : -len('.yaml')]}.service"
+                for c in configs
+                if c.startswith("agent-") and c.endswith(".yaml")
+            )
         else:
             units.append("determined-agent.service")
     return units
@@ -79,8 +102,11 @@ def snapshot(cluster) -> dict[tuple[str, str], str]:
     state = {}
     for node in cluster.nodes:
         for unit in services(cluster, node):
-            out = run_on(cluster, node.hostname, "systemctl show -p MainPID -p ActiveState "
-                         f"-p ActiveEnterTimestamp -p NRestarts {unit}").stdout
+            out = run_on(
+                cluster,
+                node.hostname,
+                f"systemctl show -p MainPID -p ActiveState -p ActiveEnterTimestamp -p NRestarts {unit}",
+            ).stdout
             state[(node.hostname, unit)] = "|".join(sorted(out.split()))
     return state
 
@@ -102,13 +128,27 @@ def settled(cluster, timeout: float = 60) -> dict[tuple[str, str], str]:
 def test_services_up_and_verify_green(deployed, lab):
     settled(lab)
     with urllib.request.urlopen(
-            f"http://{lab.master_node.address}:{lab.master_port}/health", timeout=10) as r:
+        f"http://{lab.master_node.address}:{lab.master_port}/health", timeout=10
+    ) as r:
         assert r.status == 200
     verify = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/verify/test_storage.py", "tests/verify/test_determined.py",
-         "--cluster", str(lab.path)],
-        cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/verify/test_storage.py",
+            "tests/verify/test_determined.py",
+            "--cluster",
+            str(lab.path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
     assert verify.returncode == 0, verify.stdout[-6000:]
 
@@ -157,18 +197,21 @@ def test_no_secret_in_output_node_files_journal_or_processes(deployed, deploy, l
         # The patterns travel on stdin into a 0600 file: never on a command line.
         run_on(lab, host, f"umask 077; cat > {PATTERNS}", stdin=patterns)
         try:
-            files = run_on(lab, host, f"grep -rlsF -f {PATTERNS} {' '.join(SEARCHED)} "
-                                      f"| grep -vxF {PATTERNS} || true").stdout.split()
+            files = run_on(
+                lab, host, f"grep -rlsF -f {PATTERNS} {' '.join(SEARCHED)} | grep -vxF {PATTERNS} || true"
+            ).stdout.split()
             unexpected = sorted(set(files) - SECRET_FILES)
             assert unexpected == [], f"{host}: secrets in {unexpected}"
             for path in files:
                 mode = run_on(lab, host, f"stat -c '%U:%G %a' {shlex.quote(path)}").stdout.strip()
                 assert mode == "root:root 600", f"{host}:{path} holds a secret but is {mode}"
-            journal = run_on(lab, host, f"journalctl --no-pager -o cat | grep -cF -f {PATTERNS} "
-                                        "|| true").stdout.strip()
+            journal = run_on(
+                lab, host, f"journalctl --no-pager -o cat | grep -cF -f {PATTERNS} || true"
+            ).stdout.strip()
             assert journal == "0", f"{host}: {journal} journal lines hold a secret"
-            commands = run_on(lab, host, f"ps -eo args | grep -vF {PATTERNS} "
-                                         f"| grep -cF -f {PATTERNS} || true").stdout.strip()
+            commands = run_on(
+                lab, host, f"ps -eo args | grep -vF {PATTERNS} | grep -cF -f {PATTERNS} || true"
+            ).stdout.strip()
             assert commands == "0", f"{host}: a process command line holds a secret"
         finally:
             run_on(lab, host, f"rm -f {PATTERNS}", check=False)
@@ -181,14 +224,22 @@ def test_database_password_opens_the_database_over_tcp(deployed, lab):
     path = "/root/.scheduler-lab-pgpass"
     run_on(lab, master, f"umask 077; cat > {path}", stdin=pgpass)
     try:
-        login = run_on(lab, master, f"PGPASSFILE={path} psql -X -w -h localhost -p {db.port} "
-                                    f"-U {db.user} -d {db.name} -Atc 'SELECT current_user'",
-                       check=False)
+        login = run_on(
+            lab,
+            master,
+            f"PGPASSFILE={path} psql -X -w -h localhost -p {db.port} "
+            f"-U {db.user} -d {db.name} -Atc 'SELECT current_user'",
+            check=False,
+        )
         assert login.returncode == 0, login.stderr
         assert login.stdout.strip() == db.user
-        wrong = run_on(lab, master, f"PGPASSFILE=/dev/null psql -X -w -h localhost -p {db.port} "
-                                    f"-U {db.user} -d {db.name} -Atc 'SELECT 1'", check=False)
+        wrong = run_on(
+            lab,
+            master,
+            f"PGPASSFILE=/dev/null psql -X -w -h localhost -p {db.port} "
+            f"-U {db.user} -d {db.name} -Atc 'SELECT 1'",
+            check=False,
+        )
         assert wrong.returncode != 0
     finally:
         run_on(lab, master, f"rm -f {path}", check=False)
-

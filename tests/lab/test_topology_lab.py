@@ -31,8 +31,7 @@ SUMMARY = "largest slots_per_trial inside one NVLink domain on every agent node:
 
 def domain_sizes(hostname: str) -> tuple[int, ...]:
     sidecar = LAB_CLUSTER.with_name("lab-hardware.yaml")
-    nodes = (yaml.safe_load(sidecar.read_text()) or {}).get("nodes") or {} \
-        if sidecar.exists() else {}
+    nodes = (yaml.safe_load(sidecar.read_text()) or {}).get("nodes") or {} if sidecar.exists() else {}
     preset = (nodes.get(hostname) or {}).get("gpu_topology", DEFAULT_PRESET)
     return PRESET_DOMAINS[preset]
 
@@ -48,15 +47,15 @@ def expected_cluster(cluster, layouts: dict[str, str] | None = None) -> dict[str
     layouts = layouts or {}
     found: dict[str, int] = {}
     for node in cluster.agents:
-        found.update(expected_agents(node.hostname, layouts.get(node.hostname,
-                                                                node.agent_layout)))
+        found.update(expected_agents(node.hostname, layouts.get(node.hostname, node.agent_layout)))
     return found
 
 
 def listed_agents(cluster) -> dict[str, dict]:
-    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
-                         {"username": "admin",
-                          "password": cluster.determined.admin_password.value})
+    status, body = _http(
+        f"{_master_url(cluster)}/api/v1/auth/login",
+        {"username": "admin", "password": cluster.determined.admin_password.value},
+    )
     assert status == 200, f"login as admin -> {status}"
     status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=body["token"])
     assert status == 200, f"GET /api/v1/agents -> {status}"
@@ -86,8 +85,9 @@ def wait_until_dropped(cluster, stale: set[str], seconds: float = RECONNECT_WAIT
     while True:
         agents = listed_agents(cluster)
         still = stale & set(agents)
-        assert not [i for i in still if agents[i].get("enabled")], \
+        assert not [i for i in still if agents[i].get("enabled")], (
             f"stale agents enabled again: {sorted(still)}"
+        )
         if not still:
             return
         if time.monotonic() > deadline:
@@ -99,11 +99,17 @@ def node_units(lab_ssh, hostname: str) -> dict[str, object]:
     """What runs and is configured on the node, in the terms of the two layouts."""
     sh = lambda cmd: lab_ssh(hostname, cmd, check=False).stdout.split()  # noqa: E731
     return {
-        "up": sorted(sh("systemctl list-units --all --plain --no-legend --no-pager "
-                        "'determined-agent*' | awk '$3 == \"active\" || $3 == \"activating\" "
-                        "{print $1}'")),
-        "enabled": sorted(p.rsplit("/", 1)[-1] for p in sh(
-            "ls -1 /etc/systemd/system/*.wants/ 2>/dev/null | grep '^determined-agent'")),
+        "up": sorted(
+            sh(
+                "systemctl list-units --all --plain --no-legend --no-pager "
+                '\'determined-agent*\' | awk \'$3 == "active" || $3 == "activating" '
+                "{print $1}'"
+            )
+        ),
+        "enabled": sorted(
+            p.rsplit("/", 1)[-1]
+            for p in sh("ls -1 /etc/systemd/system/*.wants/ 2>/dev/null | grep '^determined-agent'")
+        ),
         "configs": sorted(sh("ls -1 /etc/determined/ | grep -E '^agent-[0-9]+[.]yaml$'")),
         "template": sh("ls /etc/systemd/system/determined-agent@.service 2>/dev/null"),
     }
@@ -119,9 +125,11 @@ def agent_unit_starts(lab, lab_ssh, skip: str) -> dict[str, str]:
     for node in lab.agents:
         if node.hostname == skip:
             continue
-        units = (["determined-agent.service"] if node.agent_layout == "per_node" else
-                 [f"determined-agent@{i}.service"
-                  for i in range(len(domain_sizes(node.hostname)))])
+        units = (
+            ["determined-agent.service"]
+            if node.agent_layout == "per_node"
+            else [f"determined-agent@{i}.service" for i in range(len(domain_sizes(node.hostname)))]
+        )
         for unit in units:
             starts[f"{node.hostname}:{unit}"] = started_at(lab_ssh, node.hostname, unit)
     return starts
@@ -130,13 +138,20 @@ def agent_unit_starts(lab, lab_ssh, skip: str) -> dict[str, str]:
 def per_domain_units(hostname: str) -> dict[str, object]:
     count = len(domain_sizes(hostname))
     units = [f"determined-agent@{i}.service" for i in range(count)]
-    return {"up": units, "enabled": units,
-            "configs": [f"agent-{i}.yaml" for i in range(count)],
-            "template": ["/etc/systemd/system/determined-agent@.service"]}
+    return {
+        "up": units,
+        "enabled": units,
+        "configs": [f"agent-{i}.yaml" for i in range(count)],
+        "template": ["/etc/systemd/system/determined-agent@.service"],
+    }
 
 
-PER_NODE_UNITS = {"up": ["determined-agent.service"], "enabled": ["determined-agent.service"],
-                  "configs": [], "template": []}
+PER_NODE_UNITS = {
+    "up": ["determined-agent.service"],
+    "enabled": ["determined-agent.service"],
+    "configs": [],
+    "template": [],
+}
 
 
 @pytest.fixture
@@ -158,8 +173,7 @@ def per_node_copy(lab, tmp_path, flip_node):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(raw, sort_keys=False))
     inventory = tmp_path / "inventory.py"
-    inventory.write_text("from deploy.inventory import groups\n"
-                         f"globals().update(groups({str(cluster)!r}))\n")
+    inventory.write_text(f"from deploy.inventory import groups\nglobals().update(groups({str(cluster)!r}))\n")
     return cluster, inventory
 
 
@@ -189,8 +203,7 @@ def test_flip_to_per_node_and_back(deployed, deploy, lab, lab_ssh, flip_node, pe
         assert node_units(lab_ssh, flip_node) == PER_NODE_UNITS
         wait_for_agents(lab, expected_cluster(lab, {flip_node: "per_node"}))
         wait_until_dropped(lab, per_domain_ids)
-        unenforced = [line for line in run.stderr.splitlines()
-                      if line.strip().startswith("not enforced on ")]
+        unenforced = [line for line in run.stderr.splitlines() if line.strip().startswith("not enforced on ")]
         assert len(unenforced) == 1 and flip_node in unenforced[0], run.stderr[-2000:]
         verify = run_verify(*VERIFY_TOPOLOGY, cluster=cluster_copy)
         assert verify.returncode == 0, verify.stdout[-4000:]

@@ -26,12 +26,18 @@ def broken(deployed, lab, lab_ssh, deploy):
     agent_stopped, ufw_on, ib_down = (n.hostname for n in lab.agents[::-1][:3])
     master = lab.master_node.hostname
     lab_ssh(agent_stopped, "systemctl stop 'determined-agent*'")
-    lab_ssh(ufw_on, "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw >/dev/null && "
-            "ufw allow 22/tcp >/dev/null && ufw --force enable")
+    lab_ssh(
+        ufw_on,
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q ufw >/dev/null && "
+        "ufw allow 22/tcp >/dev/null && ufw --force enable",
+    )
     lab_ssh(ib_down, f"ip link set {lab.network.ipoib.interface} down")
     # A new root password, as if someone rotated it on the server only.
-    lab_ssh(master, "sed -i 's/^MINIO_ROOT_PASSWORD=.*/MINIO_ROOT_PASSWORD=Rotated0nServer/' "
-            "/etc/default/minio && systemctl restart minio")
+    lab_ssh(
+        master,
+        "sed -i 's/^MINIO_ROOT_PASSWORD=.*/MINIO_ROOT_PASSWORD=Rotated0nServer/' "
+        "/etc/default/minio && systemctl restart minio",
+    )
     yield {"agent_stopped": agent_stopped, "ufw_on": ufw_on, "ib_down": ib_down, "master": master}
     repair = deploy()
     assert repair.returncode == 0, repair.stderr[-3000:]
@@ -65,8 +71,9 @@ def expected_cells(lab, b) -> set[str]:
 def test_each_breakage_turns_exactly_its_cells_red(broken, lab, tmp_path):
     junit = tmp_path / "verify.xml"
     matrix_md = tmp_path / "matrix.md"
-    result = run_verify("-n", "4", "-p", "tests.verify.matrix", f"--junitxml={junit}",
-                        f"--verify-matrix={matrix_md}")
+    result = run_verify(
+        "-n", "4", "-p", "tests.verify.matrix", f"--junitxml={junit}", f"--verify-matrix={matrix_md}"
+    )
     assert result.returncode != 0
     assert failing_cells(junit) == expected_cells(lab, broken), result.stdout[-5000:]
     # the matrix names the symptom and the first thing to do for each

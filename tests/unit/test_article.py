@@ -15,8 +15,12 @@ from deploy.cluster import load_cluster
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / "inventories" / "prod" / "cluster.yaml"
 PIN = "cd" * 32
-ENV = {"DET_MINIO_ACCESS_KEY": "Art-Access-1", "DET_MINIO_SECRET_KEY": "Art-Secret-22",
-       "DET_DB_PASSWORD": "Art-Db-333", "DET_ADMIN_PASSWORD": "Art-Admin-4444"}
+ENV = {
+    "DET_MINIO_ACCESS_KEY": "Art-Access-1",
+    "DET_MINIO_SECRET_KEY": "Art-Secret-22",
+    "DET_DB_PASSWORD": "Art-Db-333",
+    "DET_ADMIN_PASSWORD": "Art-Admin-4444",
+}
 
 
 def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
@@ -32,8 +36,11 @@ def test_prod_renders_the_articles_file(tmp_path, monkeypatch):
     assert yaml.safe_load(text) == {
         "master_host": "192.168.1.10",
         "master_port": 23457,
-        "agents": [{"host": "192.168.1.11", "slots": 8}, {"host": "192.168.1.12", "slots": 8},
-                   {"host": "192.168.1.13", "slots": 8}],
+        "agents": [
+            {"host": "192.168.1.11", "slots": 8},
+            {"host": "192.168.1.12", "slots": 8},
+            {"host": "192.168.1.13", "slots": 8},
+        ],
         "storage": {
             "type": "s3",
             "bucket": "det-checkpoints",
@@ -51,8 +58,11 @@ def test_prefix_is_carried_over(tmp_path, monkeypatch):
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
     path = pinned_prod(tmp_path)
-    path.write_text(path.read_text().replace("  bucket: det-checkpoints\n",
-                                             "  bucket: det-checkpoints\n  prefix: team-a\n"))
+    path.write_text(
+        path.read_text().replace(
+            "  bucket: det-checkpoints\n", "  bucket: det-checkpoints\n  prefix: team-a\n"
+        )
+    )
     document = yaml.safe_load(render_article_yaml(load_cluster(path)))
     assert document["storage"]["prefix"] == "team-a"
     assert "region" not in document["storage"]
@@ -63,8 +73,14 @@ def test_command_needs_no_secrets(tmp_path):
     path = pinned_prod(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ENV}
     env["PYTHONPATH"] = str(REPO)
-    run = subprocess.run([sys.executable, "-m", "deploy.article", str(path)], env=env,
-                         capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "deploy.article", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     assert yaml.safe_load(run.stdout)["master_host"] == "192.168.1.10"
     assert run.stdout.startswith("# The article's cluster.yaml, generated from")

@@ -87,6 +87,7 @@ def lab_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 # --- valid files ------------------------------------------------------------------------------
 
+
 def test_lab_file_loads(tmp_path):
     path, values = lab_copy(tmp_path)
     c = load_cluster(path)
@@ -121,23 +122,40 @@ def test_defaults(tmp_path, corpus_env):
     assert (c.ssh.user, c.ssh.port, c.ssh.key_file, c.ssh.known_hosts_file) == ("root", 22, None, None)
     assert c.ssh.strict_host_key_checking is True
     assert (c.network.ipoib.interface, c.network.ipoib.mtu) == ("ib0", 2044)
-    assert dict(c.preflight.allowed_os) == {"Ubuntu 20.04": ("5.4.0-100-generic",),
-                                            "Ubuntu 22.04": ("5.15.0-100-generic",)}
+    assert dict(c.preflight.allowed_os) == {
+        "Ubuntu 20.04": ("5.4.0-100-generic",),
+        "Ubuntu 22.04": ("5.15.0-100-generic",),
+    }
     assert (c.preflight.min_free_disk_gb, c.preflight.disk_path) == (50, "/")
     assert (c.versions.nvidia_driver, c.versions.cuda, c.versions.nccl, c.versions.mofed) == (
-        "515.65.01", "11.7.1", "2.14.3", "5.8-3.0.7.0")
+        "515.65.01",
+        "11.7.1",
+        "2.14.3",
+        "5.8-3.0.7.0",
+    )
     assert (c.versions.driver_branch, c.versions.cuda_major_minor) == ("515", "11.7")
     assert c.sources.apt_proxy is None
     assert c.sources.cuda_repo == (
-        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/")
+        "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
+    )
     s = c.storage
     assert (s.host, s.region, s.port, s.console_port, s.data_dir, s.prefix) == (
-        "m1", "us-east-1", 9000, 9001, "/mnt/data", None)
+        "m1",
+        "us-east-1",
+        9000,
+        9001,
+        "/mnt/data",
+        None,
+    )
     assert s.endpoint_url == "http://m1:9000"
     assert (c.database.name, c.database.user, c.database.port) == ("determined", "determined", 5432)
     d = c.determined
     assert (d.version, d.agent_layout, d.resource_pool, d.slot_type) == (
-        "0.38.0", "per_node", "default", "cuda")
+        "0.38.0",
+        "per_node",
+        "default",
+        "cuda",
+    )
     assert c.reboot == "auto"
     m1, a1 = c.nodes
     assert (m1.roles, m1.slots, m1.agent_layout) == (("master", "storage"), None, None)
@@ -164,7 +182,8 @@ def test_node_layout_overrides_cluster_layout(tmp_path, corpus_env):
         "  - {hostname: a1, address: 192.0.2.11, ipoib_address: 198.51.100.11, roles: [agent]}\n",
         "  - {hostname: a1, address: 192.0.2.11, ipoib_address: 198.51.100.11, roles: [agent]}\n"
         "  - {hostname: a2, address: 192.0.2.12, ipoib_address: 198.51.100.12, roles: [agent],"
-        " agent_layout: per_domain}\n")
+        " agent_layout: per_domain}\n",
+    )
     c = load_cluster(write(tmp_path, text))
     assert [a.agent_layout for a in c.agents] == ["per_node", "per_domain"]
 
@@ -172,14 +191,17 @@ def test_node_layout_overrides_cluster_layout(tmp_path, corpus_env):
 def test_source_helpers(tmp_path, corpus_env):
     src = load_cluster(write(tmp_path, MINIMAL)).sources
     assert src.cuda_repo_for("ubuntu", "20.04") == (
-        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/")
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/"
+    )
     assert src.cuda_repo_for("ubuntu", "22.04").endswith("/repos/ubuntu2204/x86_64/")
     assert src.cuda_repo_for("debian", "12").endswith("/repos/debian12/x86_64/")
     assert src.mofed_url_for("ubuntu", "20.04", "5.8-3.0.7.0") == (
-        "http://mirror.test/MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz")
+        "http://mirror.test/MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz"
+    )
     assert src.mofed_url_for("debian", "12", "5.8-3.0.7.0").endswith("-debian12-x86_64.tgz")
     assert src.determined_url("master", "0.38.0") == (
-        "http://mirror.test/determined-master_0.38.0_linux_amd64.deb")
+        "http://mirror.test/determined-master_0.38.0_linux_amd64.deb"
+    )
     assert src.determined_url("agent", "0.38.0").endswith("determined-agent_0.38.0_linux_amd64.deb")
     with pytest.raises(ValueError):
         src.determined_url("minio", "0.38.0")
@@ -197,8 +219,7 @@ def test_model_lookups(tmp_path, corpus_env):
 
 
 def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeypatch):
-    for name in ("DET_MINIO_ACCESS_KEY", "DET_MINIO_SECRET_KEY", "DET_DB_PASSWORD",
-                 "DET_ADMIN_PASSWORD"):
+    for name in ("DET_MINIO_ACCESS_KEY", "DET_MINIO_SECRET_KEY", "DET_DB_PASSWORD", "DET_ADMIN_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(REPO)
     with pytest.raises(ClusterError) as e:
@@ -210,14 +231,22 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
         f"{f}: sources.minio.sha256: None: " + pin.format("MinIO server binary"),
         f"{f}: sources.determined_master.sha256: None: " + pin.format("determined-master package"),
         f"{f}: sources.determined_agent.sha256: None: " + pin.format("determined-agent package"),
-        (f"{f}: storage.access_key: {{env: DET_MINIO_ACCESS_KEY}}: "
-        "environment variable DET_MINIO_ACCESS_KEY is not set"),
-        (f"{f}: storage.secret_key: {{env: DET_MINIO_SECRET_KEY}}: "
-        "environment variable DET_MINIO_SECRET_KEY is not set"),
-        (f"{f}: database.password: {{env: DET_DB_PASSWORD}}: "
-        "environment variable DET_DB_PASSWORD is not set"),
-        (f"{f}: determined.admin_password: {{env: DET_ADMIN_PASSWORD}}: "
-        "environment variable DET_ADMIN_PASSWORD is not set"),
+        (
+            f"{f}: storage.access_key: {{env: DET_MINIO_ACCESS_KEY}}: "
+            "environment variable DET_MINIO_ACCESS_KEY is not set"
+        ),
+        (
+            f"{f}: storage.secret_key: {{env: DET_MINIO_SECRET_KEY}}: "
+            "environment variable DET_MINIO_SECRET_KEY is not set"
+        ),
+        (
+            f"{f}: database.password: {{env: DET_DB_PASSWORD}}: "
+            "environment variable DET_DB_PASSWORD is not set"
+        ),
+        (
+            f"{f}: determined.admin_password: {{env: DET_ADMIN_PASSWORD}}: "
+            "environment variable DET_ADMIN_PASSWORD is not set"
+        ),
     ]
 
 
@@ -227,18 +256,21 @@ def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
     monkeypatch.setenv("DET_DB_PASSWORD", "db-password")
     monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
     c = load_cluster(write(tmp_path, PROD.read_text().replace("sha256: null", f"sha256: {PIN}")))
-    assert (c.master_host, str(c.master_node.address), c.master_port) == (
-        "gpu-master", "192.168.1.10", 23457)
+    assert (c.master_host, str(c.master_node.address), c.master_port) == ("gpu-master", "192.168.1.10", 23457)
     assert [(a.hostname, str(a.address), a.slots) for a in c.agents] == [
-        ("gpu-node1", "192.168.1.11", 8), ("gpu-node2", "192.168.1.12", 8),
-        ("gpu-node3", "192.168.1.13", 8)]
+        ("gpu-node1", "192.168.1.11", 8),
+        ("gpu-node2", "192.168.1.12", 8),
+        ("gpu-node3", "192.168.1.13", 8),
+    ]
     assert str(c.network.management) == "192.168.1.0/24"
     assert str(c.network.ipoib.subnet) == "10.10.1.0/24"
     assert c.sources.cuda_repo_for("ubuntu", "20.04") == (
-        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/")
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64/"
+    )
     assert c.sources.mofed_url_for("ubuntu", "20.04", c.versions.mofed) == (
         "https://content.mellanox.com/ofed/MLNX_OFED-5.8-3.0.7.0/"
-        "MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz")
+        "MLNX_OFED_LINUX-5.8-3.0.7.0-ubuntu20.04-x86_64.tgz"
+    )
 
 
 # --- the broken-file corpus ------------------------------------------------------------------
@@ -280,9 +312,27 @@ def test_corpus_never_shows_a_secret(corpus_env, monkeypatch):
             assert secret not in str(e.value), (path.name, secret)
 
 
-ODD_VALUES = [None, 0, -1, 70000, True, 1.5, "", "x", "a1", "192.0.2.10", "192.0.2.0/24",
-              "{version}", "http://x/{distro}/", [], ["agent"], {}, {"env": "X"}, {"a": 1},
-              [{"hostname": 1}]]
+ODD_VALUES = [
+    None,
+    0,
+    -1,
+    70000,
+    True,
+    1.5,
+    "",
+    "x",
+    "a1",
+    "192.0.2.10",
+    "192.0.2.0/24",
+    "{version}",
+    "http://x/{distro}/",
+    [],
+    ["agent"],
+    {},
+    {"env": "X"},
+    {"a": 1},
+    [{"hostname": 1}],
+]
 OPTIONAL = {"key_file", "known_hosts_file", "apt_proxy", "prefix", "slots", "agent_layout"}
 
 
@@ -341,21 +391,25 @@ def test_missing_file(tmp_path, monkeypatch):
     assert e.value.problems == ["nope.yaml: cannot read the file: No such file or directory"]
 
 
-@pytest.mark.parametrize("name, why", [
-    ("ab", "must be 3 to 63 characters long"),
-    ("a" * 64, "must be 3 to 63 characters long"),
-    ("-bucket", "must start and end with a letter or a digit"),
-    ("my..bucket", "must not have '..', '.-' or '-.'"),
-    ("xn--bucket", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
-    ("bucket-s3alias", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
-    ("det-checkpoints", None),
-    ("det.checkpoints.1", None),
-])
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("ab", "must be 3 to 63 characters long"),
+        ("a" * 64, "must be 3 to 63 characters long"),
+        ("-bucket", "must start and end with a letter or a digit"),
+        ("my..bucket", "must not have '..', '.-' or '-.'"),
+        ("xn--bucket", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
+        ("bucket-s3alias", "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"),
+        ("det-checkpoints", None),
+        ("det.checkpoints.1", None),
+    ],
+)
 def test_bucket_names(name, why):
     assert cluster_module._bucket_problem(name) == why
 
 
 # --- secrets ---------------------------------------------------------------------------------
+
 
 def test_secrets_are_masked_everywhere(tmp_path):
     path, values = lab_copy(tmp_path)
@@ -375,14 +429,18 @@ def test_weak_admin_password_is_reported_without_the_value(tmp_path, corpus_env,
         load_cluster(write(tmp_path, MINIMAL))
     assert "alllowercase" not in str(e.value)
     assert e.value.problems == [
-        (f"{tmp_path}/cluster.yaml: determined.admin_password: {{env: DTTEST_ADMIN_PASSWORD}}: "
-        "the password does not meet Determined's policy: it needs an upper-case letter and a digit")
+        (
+            f"{tmp_path}/cluster.yaml: determined.admin_password: {{env: DTTEST_ADMIN_PASSWORD}}: "
+            "the password does not meet Determined's policy: it needs an upper-case letter and a digit"
+        )
     ]
 
 
 def test_plain_secret_in_a_mistyped_key_is_not_echoed(tmp_path, corpus_env):
-    text = MINIMAL.replace("database: {password: {env: DTTEST_DB_PASSWORD}}",
-                           "database: {pasword: Sup3r-Secret, password: {env: DTTEST_DB_PASSWORD}}")
+    text = MINIMAL.replace(
+        "database: {password: {env: DTTEST_DB_PASSWORD}}",
+        "database: {pasword: Sup3r-Secret, password: {env: DTTEST_DB_PASSWORD}}",
+    )
     with pytest.raises(ClusterError) as e:
         load_cluster(write(tmp_path, text))
     assert "Sup3r-Secret" not in str(e.value)
@@ -398,8 +456,11 @@ def secret_file_problem(tmp_path: Path, target: str) -> list[str]:
 def test_secret_file_inside_the_repository_is_refused(tmp_path, corpus_env):
     inside = REPO_ROOT / "deploy" / "cluster.py"
     assert secret_file_problem(tmp_path, str(inside)) == [
-        (f"{tmp_path}/cluster.yaml: database.password: {{file: {inside}}}: "
-        f"the file is inside the repository ({REPO_ROOT}): keep secrets outside git")]
+        (
+            f"{tmp_path}/cluster.yaml: database.password: {{file: {inside}}}: "
+            f"the file is inside the repository ({REPO_ROOT}): keep secrets outside git"
+        )
+    ]
     # A link from outside into the checkout is the same file.
     link = tmp_path / "link"
     link.symlink_to(inside)
@@ -409,8 +470,8 @@ def test_secret_file_inside_the_repository_is_refused(tmp_path, corpus_env):
 def test_empty_secret_file_is_refused(tmp_path, corpus_env):
     (tmp_path / "empty").write_text("\n")
     assert secret_file_problem(tmp_path, str(tmp_path / "empty")) == [
-        (f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/empty}}: "
-        "the file is empty")]
+        (f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/empty}}: the file is empty")
+    ]
 
 
 def test_only_one_trailing_newline_is_stripped(tmp_path, corpus_env):
@@ -430,6 +491,7 @@ def test_unresolved_secrets_for_reference_only_tools(tmp_path, monkeypatch):
 
 # --- command line ----------------------------------------------------------------------------
 
+
 def test_check_command_ok(tmp_path, corpus_env, capsys):
     path = write(tmp_path, MINIMAL)
     assert cluster_module.main(["check", str(path)]) == 0
@@ -446,7 +508,13 @@ def test_check_command_prints_problems_without_traceback(corpus_env):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
         [sys.executable, "-m", "deploy.cluster", "check", "syntax-error.yaml", "slots.yaml"],
-        check=False, cwd=BROKEN, env=env, capture_output=True, text=True, timeout=60)
+        check=False,
+        cwd=BROKEN,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     expected = expectations(BROKEN / "syntax-error.yaml") + expectations(BROKEN / "slots.yaml")
     assert run.stderr.splitlines() == expected

@@ -52,14 +52,19 @@ def test_wanted_entries_round_trip_only_what_json_keeps():
 def test_wanted_facts_are_saved_per_host_and_loaded_back(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     host = SimpleNamespace(name="gpu1", data={"ssh_hostname": "10.0.0.1"})
-    setattr(host, factcache._WANTED_ATTR, {
-        factcache.wanted_entry(File, (), {"path": "/etc/hosts"}),
-        factcache.wanted_entry(DebPackages, (), {}),
-    })
+    setattr(
+        host,
+        factcache._WANTED_ATTR,
+        {
+            factcache.wanted_entry(File, (), {"path": "/etc/hosts"}),
+            factcache.wanted_entry(DebPackages, (), {}),
+        },
+    )
     factcache.save_wanted(host)
     assert factcache.record_path(host).parent == tmp_path / "gpu-cluster" / "facts"
     assert sorted(factcache.load_wanted(host), key=str) == sorted(
-        [(DebPackages, (), {}), (File, (), {"path": "/etc/hosts"})], key=str)
+        [(DebPackages, (), {}), (File, (), {"path": "/etc/hosts"})], key=str
+    )
     # A fact class that no longer exists is dropped, not an error.
     factcache.record_path(host).write_text('[["pyinfra.facts.files:Gone", [], {}]]')
     assert factcache.load_wanted(host) == []
@@ -72,11 +77,14 @@ def lines_as_pyinfra_reads_them(command: str) -> tuple[int, list[str]]:
     return out.returncode, [line.rstrip("\n") for line in out.stdout.splitlines(keepends=True)]
 
 
-@pytest.mark.parametrize("commands", [
-    ["printf 'a\\nb\\n'", "printf 'no newline'", "true", "printf '\\n'", "printf 'x\\n\\n'"],
-    ["exit 3", "echo kept; false", "echo after"],
-    ["echo '--8<-- gpu-cluster fact 7'", "echo ok"],  # a marker look-alike in the output
-])
+@pytest.mark.parametrize(
+    "commands",
+    [
+        ["printf 'a\\nb\\n'", "printf 'no newline'", "true", "printf '\\n'", "printf 'x\\n\\n'"],
+        ["exit 3", "echo kept; false", "echo after"],
+        ["echo '--8<-- gpu-cluster fact 7'", "echo ok"],  # a marker look-alike in the output
+    ],
+)
 def test_batch_output_splits_into_what_each_command_alone_gives(commands):
     script = factcache.batch_script(commands)
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout
@@ -141,7 +149,10 @@ def test_a_fact_the_batch_cannot_read_is_left_to_pyinfra(local_state):
 
 def test_a_file_read_predicts_its_checksum_read():
     entries = factcache.wanted_entries(File, (), {"path": "/etc/x"})
-    assert entries == [factcache.wanted_entry(File, (), {"path": "/etc/x"}),
-                       factcache.wanted_entry(Sha1File, (), {"path": "/etc/x"})]
+    assert entries == [
+        factcache.wanted_entry(File, (), {"path": "/etc/x"}),
+        factcache.wanted_entry(Sha1File, (), {"path": "/etc/x"}),
+    ]
     assert factcache.wanted_entries(Directory, (), {"path": "/etc"}) == [
-        factcache.wanted_entry(Directory, (), {"path": "/etc"})]
+        factcache.wanted_entry(Directory, (), {"path": "/etc"})
+    ]

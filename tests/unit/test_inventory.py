@@ -19,8 +19,7 @@ PROD_ENV = ("DET_MINIO_ACCESS_KEY", "DET_MINIO_SECRET_KEY", "DET_DB_PASSWORD", "
 # pyinfra's console script, run by this interpreter. -P keeps the working directory off the
 # front of sys.path, as for the installed `pyinfra` command: there a deploy.py must not
 # shadow the deploy package.
-PYINFRA = [sys.executable, "-P", "-c",
-           "import sys; from pyinfra_cli.main import main; sys.exit(main())"]
+PYINFRA = [sys.executable, "-P", "-c", "import sys; from pyinfra_cli.main import main; sys.exit(main())"]
 
 # A deploy that would run a command if pyinfra ever got as far as connecting.
 DEPLOY = 'from pyinfra.operations import server\nserver.shell(name="x", commands=["true"])\n'
@@ -48,8 +47,15 @@ NO_REAL_HOSTS = ["--data", "ssh_hostname=127.0.0.1", "--data", "ssh_port=1"]
 
 def run_pyinfra(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([*PYINFRA, *args, "-y"], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        [*PYINFRA, *args, "-y"],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_groups_from_the_lab_file(tmp_path):
@@ -86,8 +92,9 @@ def test_strict_host_key_checking_and_unset_keys(tmp_path):
 
 def test_broken_file_exits_2_with_every_problem(tmp_path, capsys):
     path, _ = lab_copy(tmp_path)
-    path.write_text(path.read_text().replace("slots: 8", "slots: 0", 1)
-                    .replace("master_port: 23457", "master_port: 0"))
+    path.write_text(
+        path.read_text().replace("slots: 8", "slots: 0", 1).replace("master_port: 23457", "master_port: 0")
+    )
     with pytest.raises(SystemExit) as e:
         groups(path)
     assert e.value.code == 2
@@ -102,24 +109,30 @@ def test_broken_file_exits_2_with_every_problem(tmp_path, capsys):
 
 # --- through pyinfra 3.10's CLI --------------------------------------------------------------
 
+
 def test_pyinfra_stops_on_a_broken_file_before_connecting(tmp_path):
     """A copy of inventories/lab.py beside a broken cluster.yaml; addresses are loopback."""
     inventories = tmp_path / "inventories"
     path, _ = lab_copy(inventories / "broken")
     shutil.copy(REPO / "inventories" / "lab.py", inventories / "broken.py")
     text = path.read_text().replace("10.77.0.", "127.77.0.").replace("10.78.0.", "127.78.0.")
-    path.write_text(text.replace("management: 10.77.0.0/24", "management: 127.77.0.0/24")
-                    .replace("subnet: 10.78.0.0/24", "subnet: 127.78.0.0/24")
-                    .replace("ipoib_address: 127.78.0.12", "ipoib_address: 127.77.0.99"))
+    path.write_text(
+        text.replace("management: 10.77.0.0/24", "management: 127.77.0.0/24")
+        .replace("subnet: 10.78.0.0/24", "subnet: 127.78.0.0/24")
+        .replace("ipoib_address: 127.78.0.12", "ipoib_address: 127.77.0.99")
+    )
     (tmp_path / "deploy.py").write_text(DEPLOY)
 
-    run = run_pyinfra(["inventories/broken.py", "deploy.py", *NO_REAL_HOSTS], cwd=tmp_path,
-                      env={"PYTHONPATH": str(REPO)})
+    run = run_pyinfra(
+        ["inventories/broken.py", "deploy.py", *NO_REAL_HOSTS], cwd=tmp_path, env={"PYTHONPATH": str(REPO)}
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 2, output
-    assert ("inventories/broken/cluster.yaml: nodes[2].ipoib_address: '127.77.0.99': is inside "
-            "network.management (127.77.0.0/24): IPoIB addresses belong to "
-            "network.ipoib.subnet") in run.stderr.splitlines()
+    assert (
+        "inventories/broken/cluster.yaml: nodes[2].ipoib_address: '127.77.0.99': is inside "
+        "network.management (127.77.0.0/24): IPoIB addresses belong to "
+        "network.ipoib.subnet"
+    ) in run.stderr.splitlines()
     assert "Traceback" not in output
     assert "Connecting" not in output and "Connected" not in output
 
@@ -131,11 +144,18 @@ def test_pyinfra_with_prod_inventory_from_another_directory(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in PROD_ENV and k != "PYTHONPATH"}
     run = subprocess.run(
         [*PYINFRA, str(REPO / "inventories" / "prod.py"), "deploy.py", "-y", *NO_REAL_HOSTS],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 2, output
-    problems = [line for line in run.stderr.splitlines()
-                if line.startswith(f"{REPO}/inventories/prod/cluster.yaml: ")]
+    problems = [
+        line for line in run.stderr.splitlines() if line.startswith(f"{REPO}/inventories/prod/cluster.yaml: ")
+    ]
     assert len(problems) == 9  # 4 pins, 4 secrets, the summary line
     assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[7]
     assert "Traceback" not in output and "Connecting" not in output
@@ -145,8 +165,7 @@ def test_pyinfra_debug_inventory_on_a_valid_file(tmp_path):
     inventories = tmp_path / "inventories"
     _, values = lab_copy(inventories / "lab")
     shutil.copy(REPO / "inventories" / "lab.py", inventories / "lab.py")
-    run = run_pyinfra(["inventories/lab.py", "debug-inventory"], cwd=tmp_path,
-                      env={"PYTHONPATH": str(REPO)})
+    run = run_pyinfra(["inventories/lab.py", "debug-inventory"], cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
     output = run.stdout + run.stderr  # pyinfra logs the inventory to stderr
     assert run.returncode == 0, output
     assert "[lab-master]" in output and "--> Groups: master, storage, lab" in output

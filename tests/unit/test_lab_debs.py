@@ -31,7 +31,7 @@ FILES = {
     "/usr/lib/x86_64-linux-gnu/libhello.so.1": Symlink("libhello.so.1.2"),
     "/var/lib/hello": Directory(0o750),
 }
-POSTINST = "#!/bin/sh\nset -e\ntouch \"$DPKG_ROOT/var/lib/hello/configured\"\n"
+POSTINST = '#!/bin/sh\nset -e\ntouch "$DPKG_ROOT/var/lib/hello/configured"\n'
 
 
 def _build(out: Path) -> Path:
@@ -73,8 +73,16 @@ def test_dpkg_deb_reads_control(tmp_path):
     assert "new Debian package, version 2.0." in info
     fields = {
         name: dpkg_deb("--field", str(deb), name).strip()
-        for name in ("Package", "Version", "Architecture", "Maintainer", "Installed-Size",
-                     "Depends", "Provides", "Section")
+        for name in (
+            "Package",
+            "Version",
+            "Architecture",
+            "Maintainer",
+            "Installed-Size",
+            "Depends",
+            "Provides",
+            "Section",
+        )
     }
     assert fields["Package"] == "hello"
     assert fields["Version"] == "2:1.0-1"
@@ -135,13 +143,17 @@ def test_dpkg_installs_it_into_a_scratch_root(tmp_path):
     )
     proc = subprocess.run(
         ["dpkg", f"--root={root}", "--force-script-chrootless", "-i", str(deb)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (root / "var/lib/hello/configured").exists()  # postinst ran
     status = subprocess.run(
         ["dpkg-query", f"--root={root}", "-W", "-f=${Version} ${db:Status-Abbrev}", "hello"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert status.strip() == "2:1.0-1 ii"
 

@@ -64,8 +64,14 @@ def test_layout_matches_the_vendors(built):
     m = root / "mirror"
     for distro in DISTROS:
         r = repo(root, distro)
-        for name in ("Packages", "Packages.gz", "Release", "InRelease", "Release.gpg",
-                     "cuda-keyring_1.1-1_all.deb"):
+        for name in (
+            "Packages",
+            "Packages.gz",
+            "Release",
+            "InRelease",
+            "Release.gpg",
+            "cuda-keyring_1.1-1_all.deb",
+        ):
             assert (r / name).is_file(), f"{distro}: {name}"
     for d in ("ubuntu20.04", "ubuntu22.04", "debian12"):
         assert (m / "mofed" / f"{OFED}-{d}-x86_64.tgz").is_file()
@@ -93,8 +99,14 @@ def test_repo_has_the_pinned_and_trap_versions(built):
         ("libnvidia-container1", "1.13.5-1"),
         ("cuda-keyring", "1.1-1"),
     ]
-    for sub in ("nvidia-driver-515", "nvidia-dkms-515", "libnvidia-compute-515",
-                "nvidia-utils-515", "nvidia-kernel-source-515", "nvidia-modprobe"):
+    for sub in (
+        "nvidia-driver-515",
+        "nvidia-dkms-515",
+        "libnvidia-compute-515",
+        "nvidia-utils-515",
+        "nvidia-kernel-source-515",
+        "nvidia-modprobe",
+    ):
         want += [(sub, "515.65.01-0ubuntu1"), (sub, "515.48.07-0ubuntu1")]
     missing = [w for w in want if w not in index]
     assert not missing
@@ -129,12 +141,14 @@ def test_signatures_verify_with_the_keyring_the_keyring_package_installs(built, 
         r = repo(root, distro)
         files = extract(r / "cuda-keyring_1.1-1_all.deb", tmp_path / distro)
         keyring = files / "usr/share/keyrings/cuda-archive-keyring.gpg"
-        inrelease = subprocess.run(["gpgv", "--keyring", str(keyring), str(r / "InRelease")],
-                                   capture_output=True, check=False)
+        inrelease = subprocess.run(
+            ["gpgv", "--keyring", str(keyring), str(r / "InRelease")], capture_output=True, check=False
+        )
         assert inrelease.returncode == 0, inrelease.stderr
         detached = subprocess.run(
             ["gpgv", "--keyring", str(keyring), str(r / "Release.gpg"), str(r / "Release")],
-            capture_output=True, check=False,
+            capture_output=True,
+            check=False,
         )
         assert detached.returncode == 0, detached.stderr
         sources = (files / f"etc/apt/sources.list.d/cuda-{distro}-x86_64.list").read_text()
@@ -142,9 +156,10 @@ def test_signatures_verify_with_the_keyring_the_keyring_package_installs(built, 
             "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
             f"{BASE_URL}/cuda/repos/{distro}/x86_64/ /\n"
         )
-        assert "Pin: release l=NVIDIA CUDA" in (
-            files / "etc/apt/preferences.d/cuda-repository-pin-600"
-        ).read_text()
+        assert (
+            "Pin: release l=NVIDIA CUDA"
+            in (files / "etc/apt/preferences.d/cuda-repository-pin-600").read_text()
+        )
 
 
 def test_tampered_release_fails_verification(built, tmp_path):
@@ -303,8 +318,14 @@ def apt(server, built, tmp_path):
     url, _ = server
     root, _ = built
     d = tmp_path / "apt"
-    for sub in ("state/lists/partial", "cache/archives/partial", "sources.list.d",
-                "preferences.d", "apt.conf.d", "trusted.gpg.d"):
+    for sub in (
+        "state/lists/partial",
+        "cache/archives/partial",
+        "sources.list.d",
+        "preferences.d",
+        "apt.conf.d",
+        "trusted.gpg.d",
+    ):
         (d / sub).mkdir(parents=True)
     (d / "status").write_text(FAKE_STATUS)
     files = extract(repo(root) / "cuda-keyring_1.1-1_all.deb", tmp_path / "keyring")
@@ -342,13 +363,25 @@ def test_apt_accepts_the_signed_repo_and_origin_pins_work(apt):
         "Pin: version 515.65.01*\nPin-Priority: 1001\n\n"
         "Package: *\nPin: release o=NVIDIA\nPin-Priority: 600\n"
     )
-    proc = apt("install", "-s", "cuda-drivers-515=515.65.01-1", "cuda-toolkit-11-7=11.7.1-1",
-               "libnccl2=2.14.3-1+cuda11.7", "libnccl-dev=2.14.3-1+cuda11.7",
-               "nvidia-container-toolkit=1.13.5-1")
+    proc = apt(
+        "install",
+        "-s",
+        "cuda-drivers-515=515.65.01-1",
+        "cuda-toolkit-11-7=11.7.1-1",
+        "libnccl2=2.14.3-1+cuda11.7",
+        "libnccl-dev=2.14.3-1+cuda11.7",
+        "nvidia-container-toolkit=1.13.5-1",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = installs(proc)
-    for sub in ("nvidia-driver-515", "nvidia-dkms-515", "libnvidia-compute-515", "nvidia-utils-515",
-                "nvidia-kernel-source-515", "nvidia-modprobe"):
+    for sub in (
+        "nvidia-driver-515",
+        "nvidia-dkms-515",
+        "libnvidia-compute-515",
+        "nvidia-utils-515",
+        "nvidia-kernel-source-515",
+        "nvidia-modprobe",
+    ):
         assert got[sub] == "515.65.01-0ubuntu1", sub
     assert got["cuda-nvcc-11-7"] == "11.7.99-1"
     assert got["libnccl2"] == "2.14.3-1+cuda11.7"
@@ -365,7 +398,11 @@ def test_apt_trap_unpinned_cuda_11_7_pulls_the_newest_driver(apt):
 
 
 def test_cli_help():
-    proc = subprocess.run([sys.executable, "-m", "tests.lab.mirror", "--help"],
-                          capture_output=True, text=True, check=False,
-                          cwd=Path(mirror.__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.lab.mirror", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(mirror.__file__).resolve().parents[2],
+    )
     assert proc.returncode == 0 and "build" in proc.stdout and "serve" in proc.stdout

@@ -22,14 +22,19 @@ def test_os_label_uses_version_id():
     assert os_label(dist) == "Ubuntu 20.04"
 
 
-@pytest.mark.parametrize("label, kernel, expected", [
-    ("Ubuntu 20.04", "5.4.0-100-generic", []),
-    ("Ubuntu 22.04", "5.15.0-100-generic", []),
-    ("Ubuntu 20.04", "4.15.0-20-generic",
-     ["kernel 4.15.0-20-generic is not allowed on Ubuntu 20.04 (allowed: 5.4.0-100-generic)"]),
-    ("Debian 12", "6.1.0-9-amd64",
-     ["OS Debian 12 is not allowed (allowed: Ubuntu 20.04, Ubuntu 22.04)"]),
-])
+@pytest.mark.parametrize(
+    "label, kernel, expected",
+    [
+        ("Ubuntu 20.04", "5.4.0-100-generic", []),
+        ("Ubuntu 22.04", "5.15.0-100-generic", []),
+        (
+            "Ubuntu 20.04",
+            "4.15.0-20-generic",
+            ["kernel 4.15.0-20-generic is not allowed on Ubuntu 20.04 (allowed: 5.4.0-100-generic)"],
+        ),
+        ("Debian 12", "6.1.0-9-amd64", ["OS Debian 12 is not allowed (allowed: Ubuntu 20.04, Ubuntu 22.04)"]),
+    ],
+)
 def test_os_problems(label, kernel, expected):
     assert os_problems(label, kernel, ALLOWED) == expected
 
@@ -40,8 +45,10 @@ def test_kernel_patterns_are_globs():
 
 def test_port_problem_names_the_process_and_unit():
     msg = port_problem(23457, ("slurmctld", 812), "slurmctld.service")
-    assert msg == ("port 23457 is already in use by slurmctld (pid 812, unit slurmctld.service): "
-                   "stop it or choose another master_port in cluster.yaml")
+    assert msg == (
+        "port 23457 is already in use by slurmctld (pid 812, unit slurmctld.service): "
+        "stop it or choose another master_port in cluster.yaml"
+    )
 
 
 def test_port_held_by_our_master_is_fine():
@@ -51,7 +58,8 @@ def test_port_held_by_our_master_is_fine():
 
 def _cluster():
     node = lambda h, a, i: SimpleNamespace(  # noqa: E731
-        hostname=h, address=ipaddress.ip_address(a), ipoib_address=ipaddress.ip_address(i))
+        hostname=h, address=ipaddress.ip_address(a), ipoib_address=ipaddress.ip_address(i)
+    )
     return SimpleNamespace(
         nodes=(node("m", "10.0.0.10", "10.1.0.10"), node("g1", "10.0.0.11", "10.1.0.11")),
         network=SimpleNamespace(ipoib=SimpleNamespace(interface="ib0")),
@@ -60,12 +68,17 @@ def _cluster():
 
 def test_hosts_block_has_management_and_ipoib_names():
     assert hosts_block(_cluster()).splitlines() == [
-        "10.0.0.10\tm", "10.0.0.11\tg1", "10.1.0.10\tm-ib0", "10.1.0.11\tg1-ib0"]
+        "10.0.0.10\tm",
+        "10.0.0.11\tg1",
+        "10.1.0.10\tm-ib0",
+        "10.1.0.11\tg1-ib0",
+    ]
 
 
 def test_ifupdown_and_netplan_files():
     assert "iface ib0 inet static\n    address 10.1.0.11/24\n    mtu 2044\n" in ifupdown_stanza(
-        "ib0", "10.1.0.11/24", 2044)
+        "ib0", "10.1.0.11/24", 2044
+    )
     assert "addresses: [10.1.0.11/24]" in netplan_doc("ib0", "10.1.0.11/24", 2044)
 
 
@@ -106,8 +119,10 @@ COMMIT
 
 
 def test_empty_ufw_chains_count_as_firewall():
-    assert foreign_rules(UFW_DISABLED) == ["filter: :ufw-after-forward - [0:0]",
-                                           "filter: :ufw-user-input - [0:0]"]
+    assert foreign_rules(UFW_DISABLED) == [
+        "filter: :ufw-after-forward - [0:0]",
+        "filter: :ufw-user-input - [0:0]",
+    ]
 
 
 def test_dockers_own_chains_are_not_a_firewall():
@@ -116,8 +131,10 @@ def test_dockers_own_chains_are_not_a_firewall():
 
 def test_drop_policy_and_input_rules_are_firewall():
     dump = ["*filter", ":INPUT DROP [0:0]", "-A INPUT -p tcp --dport 22 -j ACCEPT", "COMMIT"]
-    assert foreign_rules(dump) == ["filter: :INPUT DROP [0:0]",
-                                   "filter: -A INPUT -p tcp --dport 22 -j ACCEPT"]
+    assert foreign_rules(dump) == [
+        "filter: :INPUT DROP [0:0]",
+        "filter: -A INPUT -p tcp --dport 22 -j ACCEPT",
+    ]
 
 
 def _plan() -> list[tuple[str, str | None]]:
@@ -136,9 +153,19 @@ def _plan() -> list[tuple[str, str | None]]:
 
 def test_plan_follows_the_articles_checklist():
     assert _plan() == [
-        ("preflight", None), ("apt_proxy", None), ("hosts", None), ("ipoib", None),
-        ("firewall", None), ("nvidia_driver", "agent"), ("cuda", "agent"), ("nccl", "agent"),
-        ("mofed", None), ("minio", "storage"), ("postgresql", "master"),
-        ("determined_master", "master"), ("docker", "agent"), ("barrier", None),
+        ("preflight", None),
+        ("apt_proxy", None),
+        ("hosts", None),
+        ("ipoib", None),
+        ("firewall", None),
+        ("nvidia_driver", "agent"),
+        ("cuda", "agent"),
+        ("nccl", "agent"),
+        ("mofed", None),
+        ("minio", "storage"),
+        ("postgresql", "master"),
+        ("determined_master", "master"),
+        ("docker", "agent"),
+        ("barrier", None),
         ("determined_agent", "agent"),
     ]

@@ -99,19 +99,20 @@ def test_parse_madison_flat_and_suite_repos():
     lines = [
         "cuda-drivers-515 | 515.65.01-1 | http://10.77.0.1:8077/cuda/repos/debian12/x86_64  Packages",
         "cuda-drivers-515 | 515.48.07-1 | http://10.77.0.1:8077/cuda/repos/debian12/x86_64  Packages",
-        ("nvidia-driver-515 | 515.65.01-0ubuntu0.20.04.1 | http://archive.ubuntu.com/ubuntu "
-         "focal-updates/restricted amd64 Packages"),
+        (
+            "nvidia-driver-515 | 515.65.01-0ubuntu0.20.04.1 | http://archive.ubuntu.com/ubuntu "
+            "focal-updates/restricted amd64 Packages"
+        ),
         "N: Unable to locate package nothing",
     ]
     found = parse_madison(lines)
     repo = "http://10.77.0.1:8077/cuda/repos/debian12/x86_64"
     assert found["cuda-drivers-515"] == {("515.65.01-1", repo), ("515.48.07-1", repo)}
-    assert found["nvidia-driver-515"] == {
-        ("515.65.01-0ubuntu0.20.04.1", "http://archive.ubuntu.com/ubuntu")
-    }
+    assert found["nvidia-driver-515"] == {("515.65.01-0ubuntu0.20.04.1", "http://archive.ubuntu.com/ubuntu")}
     assert apt_pins.missing_from_repo(
         {"cuda-drivers-515": "515.65.01-1", "nvidia-driver-515": "515.65.01-0ubuntu1"},
-        found, repo + "/",
+        found,
+        repo + "/",
     ) == ["nvidia-driver-515=515.65.01-0ubuntu1"]
 
 
@@ -159,18 +160,22 @@ def test_parse_ibstat():
 
 
 def test_os_release_and_repo_names():
-    fact = {"name": "Ubuntu", "major": 20, "minor": 4,
-            "release_meta": {"ID": "ubuntu", "VERSION_ID": "20.04"}}
+    fact = {
+        "name": "Ubuntu",
+        "major": 20,
+        "minor": 4,
+        "release_meta": {"ID": "ubuntu", "VERSION_ID": "20.04"},
+    }
     assert apt_pins.os_release(fact) == ("ubuntu", "20.04")
     assert apt_pins.sources_list_path("ubuntu", "20.04") == (
         "/etc/apt/sources.list.d/cuda-ubuntu2004-x86_64.list"
     )
-    assert apt_pins.sources_list_path("debian", "12") == (
-        "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
-    )
+    assert apt_pins.sources_list_path("debian", "12") == ("/etc/apt/sources.list.d/cuda-debian12-x86_64.list")
     line = apt_pins.sources_list("http://mirror/cuda/repos/ubuntu2004/x86_64/")
-    assert ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
-            "http://mirror/cuda/repos/ubuntu2004/x86_64/ /\n") in line
+    assert (
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        "http://mirror/cuda/repos/ubuntu2004/x86_64/ /\n"
+    ) in line
     with pytest.raises(ValueError, match="cannot tell the distribution"):
         apt_pins.os_release({"name": None, "release_meta": {}})
 
@@ -199,13 +204,13 @@ def test_preferences_text_one_pin_line_per_stanza():
         # apt keeps only the last Pin line of a stanza: two would silently drop one.
         assert sum(line.startswith("Pin:") for line in stanza.splitlines()) == 1
     assert stanzas[0].splitlines()[-3:] == [
-        "Package: libnccl2", "Pin: version 2.14.3-1+cuda11.7", "Pin-Priority: 1001",
+        "Package: libnccl2",
+        "Pin: version 2.14.3-1+cuda11.7",
+        "Pin-Priority: 1001",
     ]
     assert "Pin: release o=NVIDIA" in stanzas[1]
     assert stanzas[2].splitlines()[-2:] == ["Pin: version *", "Pin-Priority: -1"]
-    assert apt_pins.preferences_path(nccl_pins("2.14.3", "11.7.1")) == (
-        "/etc/apt/preferences.d/nccl.pref"
-    )
+    assert apt_pins.preferences_path(nccl_pins("2.14.3", "11.7.1")) == ("/etc/apt/preferences.d/nccl.pref")
 
 
 def _deb(out: Path, package: str, version: str) -> None:
@@ -216,52 +221,78 @@ def _deb(out: Path, package: str, version: str) -> None:
         "Maintainer: test <test@example.invalid>\nDescription: test package\n"
     )
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["dpkg-deb", "--build", "-Zgzip", str(src), str(out / f"{package}_{version}_all.deb")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--build", "-Zgzip", str(src), str(out / f"{package}_{version}_all.deb")],
+        check=True,
+        capture_output=True,
+    )
 
 
 def _flat_repo(path: Path, origin: str, debs: list[tuple[str, str]]) -> None:
     for package, version in debs:
         _deb(path, package, version)
-    index = subprocess.run(["dpkg-scanpackages", "-m", "."], cwd=path, check=True,
-                           capture_output=True, text=True).stdout
+    index = subprocess.run(
+        ["dpkg-scanpackages", "-m", "."], cwd=path, check=True, capture_output=True, text=True
+    ).stdout
     (path / "Packages").write_text(index)
     (path / "Release").write_text(f"Origin: {origin}\nLabel: {origin}\nArchitectures: all\n")
 
 
-@pytest.mark.skipif(not all(shutil.which(t) for t in ("apt-get", "dpkg-deb", "dpkg-scanpackages")),
-                    reason="needs apt and dpkg-dev")
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("apt-get", "dpkg-deb", "dpkg-scanpackages")),
+    reason="needs apt and dpkg-dev",
+)
 def test_preferences_make_apt_choose_nvidias_pinned_build(tmp_path):
     nvidia = tmp_path / "nvidia"
     ubuntu = tmp_path / "ubuntu"
-    _flat_repo(nvidia, "NVIDIA", [
-        ("nvidia-utils-515", "515.48.07-0ubuntu1"),
-        ("nvidia-utils-515", "515.65.01-0ubuntu1"),
-        ("nvidia-utils-515", "515.86.01-0ubuntu1"),
-    ])
+    _flat_repo(
+        nvidia,
+        "NVIDIA",
+        [
+            ("nvidia-utils-515", "515.48.07-0ubuntu1"),
+            ("nvidia-utils-515", "515.65.01-0ubuntu1"),
+            ("nvidia-utils-515", "515.86.01-0ubuntu1"),
+        ],
+    )
     # Ubuntu's archive: the same driver under other version strings, one of them "newer".
-    _flat_repo(ubuntu, "Ubuntu", [
-        ("nvidia-utils-515", "515.65.01-0ubuntu0.20.04.1"),
-        ("nvidia-utils-515", "515.76+really.515.65.01-0ubuntu0.20.04.1"),
-    ])
+    _flat_repo(
+        ubuntu,
+        "Ubuntu",
+        [
+            ("nvidia-utils-515", "515.65.01-0ubuntu0.20.04.1"),
+            ("nvidia-utils-515", "515.76+really.515.65.01-0ubuntu0.20.04.1"),
+        ],
+    )
     root = tmp_path / "root"
-    for d in ("etc/apt/preferences.d", "etc/apt/sources.list.d", "var/lib/apt/lists/partial",
-              "var/cache/apt/archives/partial", "var/lib/dpkg"):
+    for d in (
+        "etc/apt/preferences.d",
+        "etc/apt/sources.list.d",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives/partial",
+        "var/lib/dpkg",
+    ):
         (root / d).mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text("")
     (root / "etc/apt/sources.list").write_text(
         f"deb [trusted=yes] file:{ubuntu}/ /\ndeb [trusted=yes] file:{nvidia}/ /\n"
     )
     pinset = PinSet(name="nvidia-driver", packages=(("nvidia-utils-515", "515.65.01-0ubuntu1"),))
-    (root / "etc/apt/preferences.d/nvidia-driver.pref").write_text(
-        apt_pins.render_preferences(pinset)
-    )
-    opts = [f"-o=Dir={root}", f"-o=Dir::State::status={root}/var/lib/dpkg/status",
-            "-o=Debug::NoLocking=1", "-o=APT::Sandbox::User=" + os.environ.get("USER", "root")]
+    (root / "etc/apt/preferences.d/nvidia-driver.pref").write_text(apt_pins.render_preferences(pinset))
+    opts = [
+        f"-o=Dir={root}",
+        f"-o=Dir::State::status={root}/var/lib/dpkg/status",
+        "-o=Debug::NoLocking=1",
+        "-o=APT::Sandbox::User=" + os.environ.get("USER", "root"),
+    ]
     env = {**os.environ, "LC_ALL": "C"}
     subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True, env=env)
-    policy = subprocess.run(["apt-cache", *opts, "policy", "nvidia-utils-515"], check=True,
-                            capture_output=True, text=True, env=env).stdout
+    policy = subprocess.run(
+        ["apt-cache", *opts, "policy", "nvidia-utils-515"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
     priorities = {}
     for line in policy.splitlines():
         fields = line.replace("***", "").split()
@@ -291,14 +322,17 @@ def test_exit_status_messages():
     assert mofed.describe_exit(99) == "unexpected exit status 99"
 
 
-@pytest.mark.parametrize("rc,ok,text", [
-    (0, True, ""),
-    (2, True, "exited 2: no firmware"),
-    (1, False, "exited 1: the installation failed"),
-    (172, False, "exited 172: prerequisites are not met"),
-    (173, False, "exited 173: the mst driver failed to start"),
-    (99, False, "exited 99: unexpected exit status"),
-])
+@pytest.mark.parametrize(
+    "rc,ok,text",
+    [
+        (0, True, ""),
+        (2, True, "exited 2: no firmware"),
+        (1, False, "exited 1: the installation failed"),
+        (172, False, "exited 172: prerequisites are not met"),
+        (173, False, "exited 173: the mst driver failed to start"),
+        (99, False, "exited 99: unexpected exit status"),
+    ],
+)
 def test_exit_status_case_in_shell(rc, ok, text):
     script = f"rc={rc}; {mofed.exit_status_case('MLNX_OFED_LINUX-5.8-3.0.7.0')}; echo continued"
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
@@ -320,23 +354,33 @@ def test_download_keeps_only_a_verified_file(tmp_path):
     good = hashlib.sha256(source.read_bytes()).hexdigest()
     dest = tmp_path / "cache" / TARBALL
 
-    proc = subprocess.run(["sh", "-c", mofed.download_shell(f"file://{source}", "0" * 64, str(dest))],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["sh", "-c", mofed.download_shell(f"file://{source}", "0" * 64, str(dest))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 1
     assert f"{TARBALL}: sha256 mismatch" in proc.stderr
     assert f"got {good}" in proc.stderr
     assert list(dest.parent.iterdir()) == []  # neither the file nor its partial download
 
-    proc = subprocess.run(["sh", "-c", mofed.download_shell(f"file://{tmp_path}/nothing.tgz",
-                                                            good, str(dest))],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["sh", "-c", mofed.download_shell(f"file://{tmp_path}/nothing.tgz", good, str(dest))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 1
     assert "nothing.tgz: download from" in proc.stderr
     assert list(dest.parent.iterdir()) == []
 
-    proc = subprocess.run(["sh", "-c", mofed.download_shell(f"file://{source}", good.upper(),
-                                                            str(dest))],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["sh", "-c", mofed.download_shell(f"file://{source}", good.upper(), str(dest))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in dest.parent.iterdir()] == [TARBALL]
     assert dest.read_bytes() == source.read_bytes()
@@ -363,7 +407,7 @@ def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Pat
     (bin_dir / "ofed_info").write_text(f"#!/bin/sh\ncat {state} 2>/dev/null\n")
     (bin_dir / "ofed_info").chmod(0o755)
     openibd = tmp_path / "openibd"
-    openibd.write_text(f"#!/bin/sh\necho \"$1\" > {tmp_path}/openibd.called\n")
+    openibd.write_text(f'#!/bin/sh\necho "$1" > {tmp_path}/openibd.called\n')
     openibd.chmod(0o755)
     return tarball, bin_dir, openibd
 
@@ -371,8 +415,7 @@ def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Pat
 def _run_install(tmp_path, status, reports):
     tarball, bin_dir, openibd = _fake_ofed(tmp_path, status, reports)
     work = tmp_path / "work"
-    script = mofed.install_shell(str(tarball), str(work), "MLNX_OFED_LINUX-5.8-3.0.7.0",
-                                 openibd=str(openibd))
+    script = mofed.install_shell(str(tarball), str(work), "MLNX_OFED_LINUX-5.8-3.0.7.0", openibd=str(openibd))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=False)
     return proc, tarball, work
@@ -382,7 +425,10 @@ def test_install_shell_success_cleans_up(tmp_path):
     proc, tarball, work = _run_install(tmp_path, 0, "MLNX_OFED_LINUX-5.8-3.0.7.0:")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "installer.args").read_text().split() == [
-        "--without-fw-update", "--add-kernel-support", "--force"]
+        "--without-fw-update",
+        "--add-kernel-support",
+        "--force",
+    ]
     assert (tmp_path / "openibd.called").read_text().strip() == "restart"
     assert not tarball.exists()
     assert list(work.iterdir()) == []
@@ -419,8 +465,12 @@ def test_driver_loaded_check_accepts_only_the_pin(tmp_path):
     fake.write_text("#!/bin/sh\nprintf '515.65.01\\n515.65.01\\n'\n")
     fake.chmod(0o755)
     assert subprocess.run(["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env).returncode == 0
-    fake.write_text("#!/bin/sh\necho \"NVIDIA-SMI has failed\"; exit 9\n")
-    run = subprocess.run(["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env,
-                         capture_output=True, text=True)
+    fake.write_text('#!/bin/sh\necho "NVIDIA-SMI has failed"; exit 9\n')
+    run = subprocess.run(
+        ["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env, capture_output=True, text=True
+    )
     assert run.returncode == 1
-    assert "driver 515.65.01 is not loaded after the reboot; nvidia-smi says: NVIDIA-SMI has failed" in run.stderr
+    assert (
+        "driver 515.65.01 is not loaded after the reboot; nvidia-smi says: NVIDIA-SMI has failed"
+        in run.stderr
+    )

@@ -80,8 +80,12 @@ def smi(unpack, tmp_path):
         else:
             (run_dir / "loaded-version").write_text(loaded + "\n")
         exe = unpack("nvidia-utils-515", f"{version}-0ubuntu1") / "usr/bin/nvidia-smi"
-        env = {**os.environ, "DTLAB_STANDIN_RUN_DIR": str(run_dir),
-               "DTLAB_STANDIN_ETC_DIR": str(etc_dir), "DTLAB_STANDIN_HOSTNAME": "lab-gpu1"}
+        env = {
+            **os.environ,
+            "DTLAB_STANDIN_RUN_DIR": str(run_dir),
+            "DTLAB_STANDIN_ETC_DIR": str(etc_dir),
+            "DTLAB_STANDIN_HOSTNAME": "lab-gpu1",
+        }
         return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, check=False)
 
     run.etc = etc_dir
@@ -148,7 +152,12 @@ def test_smi_query_gpu_forms(smi):
     assert len(lines) == 9
     idx, name, uuid, drv, bus, mem, count = lines[1].split(", ")
     assert (idx, name, drv, bus, mem, count) == (
-        "0", "NVIDIA A100-SXM4-80GB", "515.65.01", "00000000:07:00.0", "81920 MiB", "8"
+        "0",
+        "NVIDIA A100-SXM4-80GB",
+        "515.65.01",
+        "00000000:07:00.0",
+        "81920 MiB",
+        "8",
     )
     assert uuid.startswith("GPU-")
 
@@ -186,12 +195,23 @@ def test_smi_topo_matrix_default(smi):
 
 
 def test_smi_follows_the_lab_topology_file(smi):
-    (smi.etc / "gpu-topology.json").write_text(json.dumps({
-        "gpus": ["NVIDIA A100-SXM4-40GB",
-                 {"name": "NVIDIA A100-SXM4-40GB", "cpu_affinity": "0-15", "numa_affinity": "0",
-                  "bus_id": "00000000:81:00.0", "uuid": "GPU-11111111-2222-3333-4444-555555555555"}],
-        "matrix": [["X", "NV4"], ["NV4", "X"]],
-    }))
+    (smi.etc / "gpu-topology.json").write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    "NVIDIA A100-SXM4-40GB",
+                    {
+                        "name": "NVIDIA A100-SXM4-40GB",
+                        "cpu_affinity": "0-15",
+                        "numa_affinity": "0",
+                        "bus_id": "00000000:81:00.0",
+                        "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+                    },
+                ],
+                "matrix": [["X", "NV4"], ["NV4", "X"]],
+            }
+        )
+    )
     topo = smi("topo", "-m").stdout.splitlines()
     assert topo[0] == "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity"
     assert topo[1] == "GPU0\t X \tNV4\tN/A\tN/A"
@@ -247,18 +267,27 @@ def test_driver_module_unit_and_version_file(unpack):
     assert subprocess.run(["sh", "-n", str(loader_path)], check=False).returncode == 0
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemctl") is None,
-                    reason="dpkg --root installs need root and systemctl")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("systemctl") is None,
+    reason="dpkg --root installs need root and systemctl",
+)
 def test_driver_postinst_enables_the_module_unit(cuda, tmp_path):
     root = tmp_path / "root"
     for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers"):
         (root / d).mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text("")
-    debs = [cuda / "nvidia-kernel-source-515_515.65.01-0ubuntu1_amd64.deb",
-            cuda / "nvidia-dkms-515_515.65.01-0ubuntu1_amd64.deb"]
+    debs = [
+        cuda / "nvidia-kernel-source-515_515.65.01-0ubuntu1_amd64.deb",
+        cuda / "nvidia-dkms-515_515.65.01-0ubuntu1_amd64.deb",
+    ]
     env = {**os.environ, "SYSTEMCTL_SKIP_SYSV": "1"}
-    proc = subprocess.run(["dpkg", f"--root={root}", "--force-script-chrootless", "-i", *map(str, debs)],
-                          capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        ["dpkg", f"--root={root}", "--force-script-chrootless", "-i", *map(str, debs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     link = root / "etc/systemd/system/multi-user.target.wants/nvidia-module-load.service"
     assert link.is_symlink()
@@ -282,8 +311,12 @@ def test_nvml_and_libcuda_are_real_libraries(unpack):
 def test_cuda_keyring_contents(cuda, tmp_path):
     files = extract(cuda / "cuda-keyring_1.1-1_all.deb", tmp_path)
     assert (files / "usr/share/keyrings/cuda-archive-keyring.gpg").stat().st_size > 100
-    conffiles = subprocess.run(["dpkg-deb", "--info", str(cuda / "cuda-keyring_1.1-1_all.deb"),
-                                "conffiles"], capture_output=True, text=True, check=True).stdout
+    conffiles = subprocess.run(
+        ["dpkg-deb", "--info", str(cuda / "cuda-keyring_1.1-1_all.deb"), "conffiles"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "/etc/apt/sources.list.d/cuda-debian12-x86_64.list" in conffiles
 
 
@@ -307,15 +340,27 @@ def test_nvcc_version_text(unpack):
 @pytest.mark.skipif(os.geteuid() != 0, reason="dpkg --root installs need root")
 def test_toolkit_postinst_sets_cuda_alternatives(cuda, tmp_path):
     root = tmp_path / "root"
-    for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers",
-              "var/lib/dpkg/alternatives", "etc/alternatives", "usr/local"):
+    for d in (
+        "var/lib/dpkg/info",
+        "var/lib/dpkg/updates",
+        "var/lib/dpkg/triggers",
+        "var/lib/dpkg/alternatives",
+        "etc/alternatives",
+        "usr/local",
+    ):
         (root / d).mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text("")
-    debs = [cuda / "cuda-nvcc-11-7_11.7.99-1_amd64.deb",
-            cuda / "cuda-toolkit-11-7-config-common_11.7.99-1_all.deb",
-            cuda / "cuda-toolkit-11-7_11.7.1-1_amd64.deb"]
-    proc = subprocess.run(["dpkg", f"--root={root}", "--force-script-chrootless", "-i", *map(str, debs)],
-                          capture_output=True, text=True, check=False)
+    debs = [
+        cuda / "cuda-nvcc-11-7_11.7.99-1_amd64.deb",
+        cuda / "cuda-toolkit-11-7-config-common_11.7.99-1_all.deb",
+        cuda / "cuda-toolkit-11-7_11.7.1-1_amd64.deb",
+    ]
+    proc = subprocess.run(
+        ["dpkg", f"--root={root}", "--force-script-chrootless", "-i", *map(str, debs)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert os.readlink(root / "usr/local/cuda") == "/etc/alternatives/cuda"
     assert os.readlink(root / "etc/alternatives/cuda") == "/usr/local/cuda-11.7"
@@ -347,14 +392,29 @@ def test_nccl_dev_header_links_against_the_library(unpack, tmp_path):
     os.symlink("libnccl.so.2", libdir / "libnccl.so")
     assert os.readlink(dev / "usr/lib/x86_64-linux-gnu/libnccl.so") == "libnccl.so.2"
     (tmp_path / "v.c").write_text(
-        '#include <stdio.h>\n#include <nccl.h>\n'
+        "#include <stdio.h>\n#include <nccl.h>\n"
         "int main(void) { int v = 0; ncclGetVersion(&v);\n"
         '  printf("%d %d %d\\n", v, NCCL_VERSION_CODE, NCCL_VERSION(2, 14, 3)); return 0; }\n'
     )
-    subprocess.run(["gcc", "-o", str(tmp_path / "v"), str(tmp_path / "v.c"), f"-I{dev / 'usr/include'}",
-                    f"-L{libdir}", "-lnccl"], check=True)
-    out = subprocess.run([str(tmp_path / "v")], capture_output=True, text=True, check=True,
-                         env={**os.environ, "LD_LIBRARY_PATH": str(libdir)}).stdout
+    subprocess.run(
+        [
+            "gcc",
+            "-o",
+            str(tmp_path / "v"),
+            str(tmp_path / "v.c"),
+            f"-I{dev / 'usr/include'}",
+            f"-L{libdir}",
+            "-lnccl",
+        ],
+        check=True,
+    )
+    out = subprocess.run(
+        [str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LD_LIBRARY_PATH": str(libdir)},
+    ).stdout
     assert out == "21403 21403 21403\n"
 
 
@@ -400,7 +460,9 @@ def test_ctk_runtime_configure_docker_keeps_other_keys(ctk, tmp_path):
 def test_ctk_runtime_configure_creates_the_file_and_rejects_bad_input(ctk, tmp_path):
     cfg = tmp_path / "daemon.json"
     assert ctk("runtime", "configure", "--runtime=docker", f"--config={cfg}").returncode == 0
-    assert json.loads(cfg.read_text()) == {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+    assert json.loads(cfg.read_text()) == {
+        "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}
+    }
     cfg.write_text("{not json")
     proc = ctk("runtime", "configure", "--runtime=docker", f"--config={cfg}")
     assert proc.returncode == 1 and "unable to load config" in proc.stderr
@@ -412,9 +474,11 @@ def test_ctk_runtime_configure_creates_the_file_and_rejects_bad_input(ctk, tmp_p
 
 
 def test_container_toolkit_scripts_parse(unpack):
-    for package, path in (("nvidia-container-toolkit-base", "usr/bin/nvidia-container-runtime"),
-                          ("nvidia-container-toolkit", "usr/bin/nvidia-container-runtime-hook"),
-                          ("libnvidia-container-tools", "usr/bin/nvidia-container-cli")):
+    for package, path in (
+        ("nvidia-container-toolkit-base", "usr/bin/nvidia-container-runtime"),
+        ("nvidia-container-toolkit", "usr/bin/nvidia-container-runtime-hook"),
+        ("libnvidia-container-tools", "usr/bin/nvidia-container-cli"),
+    ):
         script = unpack(package, "1.13.5-1") / path
         assert script.read_text().splitlines()[1].startswith("# Stands in for NVIDIA's")
         assert subprocess.run(["sh", "-n", str(script)], check=False).returncode == 0, path
@@ -449,14 +513,20 @@ def test_ofed_tarball_layout(ofed, repo):
     assert debs == ["infiniband-diags", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils", "ofed-scripts"]
 
 
-def scratch_root(tmp_path: Path, os_release: str, installed=("python3", "lsof", "pciutils", "ethtool")) -> Path:
+def scratch_root(
+    tmp_path: Path, os_release: str, installed=("python3", "lsof", "pciutils", "ethtool")
+) -> Path:
     root = tmp_path / "root"
     for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "etc", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "etc/os-release").write_text(os_release)
-    (root / "var/lib/dpkg/status").write_text("".join(
-        f"Package: {p}\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1\n"
-        "Maintainer: t <t@t>\nDescription: t\n\n" for p in installed))
+    (root / "var/lib/dpkg/status").write_text(
+        "".join(
+            f"Package: {p}\nStatus: install ok installed\nArchitecture: amd64\nVersion: 1\n"
+            "Maintainer: t <t@t>\nDescription: t\n\n"
+            for p in installed
+        )
+    )
     return root
 
 
@@ -464,9 +534,14 @@ DEBIAN12 = 'ID=debian\nVERSION_ID="12"\n'
 
 
 def install(ofed: Path, root: Path, *args: str, **env: str):
-    return subprocess.run([str(ofed / "mlnxofedinstall"), *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False,
-                          env={**os.environ, "DTLAB_STANDIN_ROOT": str(root), **env})
+    return subprocess.run(
+        [str(ofed / "mlnxofedinstall"), *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env={**os.environ, "DTLAB_STANDIN_ROOT": str(root), **env},
+    )
 
 
 def test_mlnxofedinstall_bad_option_is_22(ofed, tmp_path):
@@ -487,8 +562,14 @@ def test_mlnxofedinstall_wrong_distro_and_kernel_fail(ofed, tmp_path):
 
 def test_mlnxofedinstall_no_space_is_28(ofed, tmp_path):
     root = scratch_root(tmp_path, DEBIAN12)
-    proc = install(ofed, root, "--force", "--add-kernel-support", "--without-fw-update",
-                   DTLAB_STANDIN_MIN_FREE_BYTES=str(1 << 62))
+    proc = install(
+        ofed,
+        root,
+        "--force",
+        "--add-kernel-support",
+        "--without-fw-update",
+        DTLAB_STANDIN_MIN_FREE_BYTES=str(1 << 62),
+    )
     assert proc.returncode == 28 and "Not enough free space" in proc.stderr
 
 
@@ -505,8 +586,10 @@ def test_mlnxofedinstall_without_force_asks_and_aborts(ofed, tmp_path):
     assert proc.returncode == 1 and "Do you want to continue?[y/N]:" in proc.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemctl") is None,
-                    reason="dpkg --root installs need root and systemctl")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("systemctl") is None,
+    reason="dpkg --root installs need root and systemctl",
+)
 def test_mlnxofedinstall_installs_and_fw_update_needs_opt_out(ofed, tmp_path):
     root = scratch_root(tmp_path, DEBIAN12)
     proc = install(ofed, root, "--force", "--add-kernel-support")
@@ -518,7 +601,9 @@ def test_mlnxofedinstall_installs_and_fw_update_needs_opt_out(ofed, tmp_path):
     assert "/etc/init.d/openibd restart" in proc.stdout
     assert (root2 / "etc/systemd/system/sysinit.target.wants/openibd.service").is_symlink()
     assert os.access(root2 / "etc/init.d/openibd", os.X_OK)
-    info = subprocess.run([str(root2 / "usr/bin/ofed_info"), "-s"], capture_output=True, text=True, check=True)
+    info = subprocess.run(
+        [str(root2 / "usr/bin/ofed_info"), "-s"], capture_output=True, text=True, check=True
+    )
     assert info.stdout == "MLNX_OFED_LINUX-5.8-3.0.7.0:\n"
 
 
@@ -545,9 +630,13 @@ def ib(ofed, tmp_path):
             (sysfs / "ib0/flags").write_text(flags + "\n")
 
     def run(tool: str, *args: str):
-        return subprocess.run([str(diags / "usr/sbin" / tool), *args], capture_output=True, text=True,
-                              check=False, env={**os.environ, "DTLAB_STANDIN_SYSFS_NET": str(sysfs),
-                                                "DTLAB_STANDIN_HOSTNAME": "lab-gpu1"})
+        return subprocess.run(
+            [str(diags / "usr/sbin" / tool), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "DTLAB_STANDIN_SYSFS_NET": str(sysfs), "DTLAB_STANDIN_HOSTNAME": "lab-gpu1"},
+        )
 
     run.link = link
     return run
@@ -560,8 +649,14 @@ def test_ibstat_active_when_ib0_is_up(ib):
     lines = proc.stdout.splitlines()
     assert lines[0] == "CA 'mlx5_0'"
     assert "\tCA type: MT4123" in lines and "\tNumber of ports: 1" in lines
-    for want in ("\t\tState: Active", "\t\tPhysical state: LinkUp", "\t\tRate: 200", "\t\tSM lid: 1",
-                 "\t\tPort GUID: 0x1070fd0300aabb0c", "\t\tLink layer: InfiniBand"):
+    for want in (
+        "\t\tState: Active",
+        "\t\tPhysical state: LinkUp",
+        "\t\tRate: 200",
+        "\t\tSM lid: 1",
+        "\t\tPort GUID: 0x1070fd0300aabb0c",
+        "\t\tLink layer: InfiniBand",
+    ):
         assert want in lines, want
     assert any(line.startswith("\t\tBase lid: ") and line != "\t\tBase lid: 0" for line in lines)
     assert ib("ibstat", "mlx5_0", "1").stdout.splitlines()[0] == "State: Active"
@@ -632,7 +727,8 @@ def test_every_source_file_says_what_it_stands_in_for():
                 continue
             lines = path.read_text().splitlines()
             first = lines[1] if lines[0].startswith("#!") else lines[0]
-            assert first.startswith(("# Stands in for", "/* Stands in for", "# Builds stand-ins",
-                                     "# Stand-ins for")), path
+            assert first.startswith(
+                ("# Stands in for", "/* Stands in for", "# Builds stand-ins", "# Stand-ins for")
+            ), path
             checked += 1
     assert checked >= 25

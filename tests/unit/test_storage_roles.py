@@ -41,16 +41,20 @@ ZERO_SHA = "0" * 64
 NASTY = {
     "T_ACCESS": "det-ak_01",
     "T_SECRET": 'S3cr"et$HOME`id`\\n #: {x}',
-    "T_DB": "db'pass: #1 \"quoted\" \\ $PATH",
+    "T_DB": 'db\'pass: #1 "quoted" \\ $PATH',
     "T_ADMIN": "Adm1n-P@ss'\"# yes: no",
 }
 
 
-def write_cluster(tmp_path: Path, storage_port=9000, region="us-east-1", prefix=None,
-                  layout="per_node") -> Path:
+def write_cluster(
+    tmp_path: Path, storage_port=9000, region="us-east-1", prefix=None, layout="per_node"
+) -> Path:
     storage = {
-        "bucket": "det-checkpoints", "region": region, "port": storage_port,
-        "access_key": {"env": "T_ACCESS"}, "secret_key": {"env": "T_SECRET"},
+        "bucket": "det-checkpoints",
+        "region": region,
+        "port": storage_port,
+        "access_key": {"env": "T_ACCESS"},
+        "secret_key": {"env": "T_SECRET"},
     }
     if prefix:
         storage["prefix"] = prefix
@@ -60,10 +64,20 @@ def write_cluster(tmp_path: Path, storage_port=9000, region="us-east-1", prefix=
         "master_port": 23457,
         "network": {"management": "127.0.0.0/24", "ipoib": {"subnet": "10.78.9.0/24"}},
         "nodes": [
-            {"hostname": "m1", "address": "127.0.0.1", "ipoib_address": "10.78.9.10",
-             "roles": ["master", "storage"]},
-            {"hostname": "g1", "address": "127.0.0.2", "ipoib_address": "10.78.9.11",
-             "roles": ["agent"], "slots": 4, "agent_layout": layout},
+            {
+                "hostname": "m1",
+                "address": "127.0.0.1",
+                "ipoib_address": "10.78.9.10",
+                "roles": ["master", "storage"],
+            },
+            {
+                "hostname": "g1",
+                "address": "127.0.0.2",
+                "ipoib_address": "10.78.9.11",
+                "roles": ["agent"],
+                "slots": 4,
+                "agent_layout": layout,
+            },
         ],
         "sources": {
             "minio": {"url": "http://mirror/minio", **artifact},
@@ -94,6 +108,7 @@ def cluster(make_cluster):
 
 # --- rendered files -------------------------------------------------------------------------
 
+
 def test_master_yaml_has_only_known_keys_and_no_region(cluster):
     config = yaml.safe_load(determined_master.master_yaml(cluster))
     assert unknown_keys(config, KNOWN_MASTER) == []
@@ -104,24 +119,33 @@ def test_master_yaml_has_only_known_keys_and_no_region(cluster):
 def test_master_yaml_values(cluster):
     config = yaml.safe_load(determined_master.master_yaml(cluster))
     assert config["port"] == 23457
-    assert config["db"] == {"user": "determined", "password": NASTY["T_DB"], "host": "localhost",
-                            "port": 5432, "name": "determined"}
+    assert config["db"] == {
+        "user": "determined",
+        "password": NASTY["T_DB"],
+        "host": "localhost",
+        "port": 5432,
+        "name": "determined",
+    }
     assert config["checkpoint_storage"] == {
-        "type": "s3", "bucket": "det-checkpoints", "access_key": NASTY["T_ACCESS"],
-        "secret_key": NASTY["T_SECRET"], "endpoint_url": "http://m1:9000",
-        "save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1,
+        "type": "s3",
+        "bucket": "det-checkpoints",
+        "access_key": NASTY["T_ACCESS"],
+        "secret_key": NASTY["T_SECRET"],
+        "endpoint_url": "http://m1:9000",
+        "save_experiment_best": 0,
+        "save_trial_best": 1,
+        "save_trial_latest": 1,
     }
     assert config["security"] == {"initial_user_password": NASTY["T_ADMIN"]}
-    assert config["task_container_defaults"] == {
-        "environment_variables": ["AWS_DEFAULT_REGION=us-east-1"]}
+    assert config["task_container_defaults"] == {"environment_variables": ["AWS_DEFAULT_REGION=us-east-1"]}
 
 
 def test_master_yaml_prefix_and_region(make_cluster):
-    config = yaml.safe_load(determined_master.master_yaml(
-        make_cluster(prefix="team-a/ckpt", region="eu-central-1")))
+    config = yaml.safe_load(
+        determined_master.master_yaml(make_cluster(prefix="team-a/ckpt", region="eu-central-1"))
+    )
     assert config["checkpoint_storage"]["prefix"] == "team-a/ckpt"
-    assert config["task_container_defaults"]["environment_variables"] == [
-        "AWS_DEFAULT_REGION=eu-central-1"]
+    assert config["task_container_defaults"]["environment_variables"] == ["AWS_DEFAULT_REGION=eu-central-1"]
 
 
 def test_agent_yaml(cluster):
@@ -185,8 +209,13 @@ def test_env_file_refuses_line_breaks_without_showing_the_value():
 def test_env_file_matches_what_a_shell_sees_for_plain_values():
     # A second opinion on the quoting for values without systemd/shell differences.
     text = shared_ops.env_file("x", {"A": "one two", "B": "--address :9000"})
-    out = subprocess.run(["bash", "-c", 'set -a; . /dev/stdin; printf "%s|%s" "$A" "$B"'],
-                         input=text, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; . /dev/stdin; printf "%s|%s" "$A" "$B"'],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == "one two|--address :9000"
 
 
@@ -197,18 +226,22 @@ def test_postgresql_conf():
     assert "listen_addresses = 'localhost'" in text
 
 
-@pytest.mark.parametrize("os_id,version,expected", [
-    ("debian", "12", (15, False)),
-    ("ubuntu", "22.04", (14, False)),
-    ("ubuntu", "20.04", (15, True)),   # 12 is too old: PGDG
-    ("debian", "11", (13, False)),
-    ("ubuntu", "18.04", (15, True)),
-])
+@pytest.mark.parametrize(
+    "os_id,version,expected",
+    [
+        ("debian", "12", (15, False)),
+        ("ubuntu", "22.04", (14, False)),
+        ("ubuntu", "20.04", (15, True)),  # 12 is too old: PGDG
+        ("debian", "11", (13, False)),
+        ("ubuntu", "18.04", (15, True)),
+    ],
+)
 def test_postgresql_major(os_id, version, expected):
     assert postgresql.major_for(os_id, version) == expected
 
 
 # --- SCRAM ----------------------------------------------------------------------------------
+
 
 def test_scram_verifier_against_rfc7677_example():
     # RFC 7677 section 3: user "user", password "pencil", salt W22ZaJ0SNY7soEsUEjb6gQ==.
@@ -217,11 +250,11 @@ def test_scram_verifier_against_rfc7677_example():
     assert head == "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ=="
     stored_key, server_key = (base64.b64decode(k) for k in keys.split(":"))
     nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
-    auth = (f"n=user,r=rOprNGfwEbeRWgbNEkqO,r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,"
-            f"c=biws,r={nonce}").encode()
+    auth = (
+        f"n=user,r=rOprNGfwEbeRWgbNEkqO,r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,c=biws,r={nonce}"
+    ).encode()
     server_signature = hmac.new(server_key, auth, hashlib.sha256).digest()
-    assert base64.b64encode(server_signature).decode() == \
-        "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+    assert base64.b64encode(server_signature).decode() == "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
     client_signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
     proof = base64.b64decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
     client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
@@ -230,8 +263,7 @@ def test_scram_verifier_against_rfc7677_example():
 
 def test_password_matches():
     verifier = postgresql.scram_verifier("pw-1", b"0123456789abcdef")
-    current = {"salt": verifier.split("$")[1],
-               "digest": hashlib.sha256(verifier.encode()).hexdigest()}
+    current = {"salt": verifier.split("$")[1], "digest": hashlib.sha256(verifier.encode()).hexdigest()}
     assert postgresql.password_matches("pw-1", current)
     assert not postgresql.password_matches("pw-2", current)
     assert not postgresql.password_matches("pw-1", {"salt": "", "digest": current["digest"]})
@@ -239,6 +271,7 @@ def test_password_matches():
 
 
 # --- operations, with a host whose facts are given ------------------------------------------
+
 
 class FakeHost:
     """The few Host methods the custom operations use; facts come from a dict or a callable."""
@@ -287,17 +320,31 @@ def test_secret_file_unchanged_is_no_change_and_mode_drift_is_fixed():
     ok = {File: {"user": "root", "group": "root", "mode": 600}, Sha1File: sha1}
     assert run_op(shared_ops.secret_file, ok, "/etc/x", secret) == []
     drift = {File: {"user": "root", "group": "root", "mode": 644}, Sha1File: sha1}
-    assert [str(c) for c in run_op(shared_ops.secret_file, drift, "/etc/x", secret)] == [
-        "chmod 600 /etc/x"]
+    assert [str(c) for c in run_op(shared_ops.secret_file, drift, "/etc/x", secret)] == ["chmod 600 /etc/x"]
 
 
 def test_verified_binary_skips_a_matching_file():
     from pyinfra.facts.files import Sha256File
 
-    assert run_op(shared_ops.verified_binary, {Sha256File: ZERO_SHA}, "http://m/minio", ZERO_SHA,
-                  "/usr/local/bin/minio", "MinIO server binary") == []
-    commands = run_op(shared_ops.verified_binary, {Sha256File: None}, "http://m/minio", ZERO_SHA,
-                      "/usr/local/bin/minio", "MinIO server binary")
+    assert (
+        run_op(
+            shared_ops.verified_binary,
+            {Sha256File: ZERO_SHA},
+            "http://m/minio",
+            ZERO_SHA,
+            "/usr/local/bin/minio",
+            "MinIO server binary",
+        )
+        == []
+    )
+    commands = run_op(
+        shared_ops.verified_binary,
+        {Sha256File: None},
+        "http://m/minio",
+        ZERO_SHA,
+        "/usr/local/bin/minio",
+        "MinIO server binary",
+    )
     assert len(commands) == 1 and "/usr/local/bin/minio.download" in str(commands[0])
 
 
@@ -305,10 +352,8 @@ def test_verified_deb_skips_the_installed_version():
     from pyinfra.facts.deb import DebPackages
 
     args = ("determined-master", "0.38.0", "http://m/m.deb", ZERO_SHA, "determined-master")
-    assert run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}},
-                  *args) == []
-    commands = run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}},
-                      *args)
+    assert run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}}, *args) == []
+    commands = run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}}, *args)
     assert "apt-get install" in str(commands[0]) and "--force-confold" in str(commands[0])
 
 
@@ -320,8 +365,10 @@ def test_docker_runtime_configured_only_when_missing():
 
 def test_docker_runtimes_fact_parses_nvidia_ctk_output():
     fact = docker.DockerRuntimes()
-    text = '{\n    "runtimes": {\n        "nvidia": {\n            "args": [],\n' \
-           '            "path": "nvidia-container-runtime"\n        }\n    }\n}'
+    text = (
+        '{\n    "runtimes": {\n        "nvidia": {\n            "args": [],\n'
+        '            "path": "nvidia-container-runtime"\n        }\n    }\n}'
+    )
     assert fact.process(text.splitlines()) == {"nvidia"}
     assert fact.process(["{not json"]) == frozenset()
     assert fact.process(['{"log-driver": "json-file"}']) == frozenset()
@@ -330,8 +377,7 @@ def test_docker_runtimes_fact_parses_nvidia_ctk_output():
 def test_role_password_never_shown():
     from roles.postgresql import RoleVerifier
 
-    commands = run_op(postgresql.role, {RoleVerifier: None}, "determined",
-                      load_secret(NASTY["T_DB"]))
+    commands = run_op(postgresql.role, {RoleVerifier: None}, "determined", load_secret(NASTY["T_DB"]))
     shown = _shown(commands)
     assert shown.startswith("cd / && runuser -u postgres -- psql -X -q -p 5432 ")
     assert 'CREATE ROLE "determined" WITH LOGIN PASSWORD' in shown
@@ -345,6 +391,7 @@ def load_secret(value: str):
 
 
 # --- download and verify, for real against a loopback HTTP server --------------------------
+
 
 @pytest.fixture
 def http_dir(tmp_path):
@@ -367,15 +414,23 @@ def test_fetch_and_check_installs_only_a_matching_file(http_dir, tmp_path):
 
     def install(sha):
         script = shared_ops._fetch_and_check(f"{base}/tool", sha, f"{dest}.download", "Tool")
-        return subprocess.run(["sh", "-c", script + f" && mv -f {dest}.download {dest}"],
-                              check=False, capture_output=True, text=True)
+        return subprocess.run(
+            ["sh", "-c", script + f" && mv -f {dest}.download {dest}"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
 
     bad = install(ZERO_SHA)
     assert bad.returncode == 1
     assert f"Tool: sha256 mismatch for {base}/tool: expected {ZERO_SHA}, got {good}" in bad.stderr
     assert not dest.exists() and not Path(f"{dest}.download").exists()
-    missing = subprocess.run(["sh", "-c", shared_ops._fetch_and_check(
-        f"{base}/nope", good, f"{dest}.download", "Tool")], check=False, capture_output=True, text=True)
+    missing = subprocess.run(
+        ["sh", "-c", shared_ops._fetch_and_check(f"{base}/nope", good, f"{dest}.download", "Tool")],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and f"Tool: download failed from {base}/nope" in missing.stderr
     ok = install(good)
     assert ok.returncode == 0, ok.stderr
@@ -383,6 +438,7 @@ def test_fetch_and_check_installs_only_a_matching_file(http_dir, tmp_path):
 
 
 # --- the bucket, for real against the MinIO stand-in on loopback ----------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -398,16 +454,30 @@ def minio_server(tmp_path):
 
     def start(site_region: str | None) -> int:
         port = _free_port()
-        env = {"PATH": os.environ["PATH"], "MINIO_ROOT_USER": NASTY["T_ACCESS"],
-               "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"]}
+        env = {
+            "PATH": os.environ["PATH"],
+            "MINIO_ROOT_USER": NASTY["T_ACCESS"],
+            "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"],
+        }
         if site_region:
             env["MINIO_SITE_REGION"] = site_region
         data = tmp_path / f"data-{port}"
         data.mkdir()
         proc = subprocess.Popen(
-            ["python3", str(MINIO_STANDIN), "server", "--address", f"127.0.0.1:{port}",
-             "--console-address", f"127.0.0.1:{_free_port()}", str(data)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                "python3",
+                str(MINIO_STANDIN),
+                "server",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--console-address",
+                f"127.0.0.1:{_free_port()}",
+                str(data),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         procs.append(proc)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -487,18 +557,38 @@ def pg_cluster():
     shutil.chown(sockets, "postgres")
     port = _free_port()
     run_as = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(run_as + [str(PG_BIN / "initdb"), "-D", str(data), "-A", "peer",
-                             "--auth-host=scram-sha-256"], check=True, capture_output=True,
-                   cwd="/")
-    subprocess.run(run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
-                             str(tmp_path / "pg.log"), "-o",
-                             f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True, cwd="/")
+    subprocess.run(
+        run_as + [str(PG_BIN / "initdb"), "-D", str(data), "-A", "peer", "--auth-host=scram-sha-256"],
+        check=True,
+        capture_output=True,
+        cwd="/",
+    )
+    subprocess.run(
+        run_as
+        + [
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(tmp_path / "pg.log"),
+            "-o",
+            f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        cwd="/",
+    )
     # The operations pass -p themselves; PGHOST points psql at this cluster's socket.
     env = {**os.environ, "PGHOST": str(sockets)}
     yield env, port
-    subprocess.run(run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
-                   check=False, capture_output=True, cwd="/")
+    subprocess.run(
+        run_as + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
+        check=False,
+        capture_output=True,
+        cwd="/",
+    )
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
@@ -506,24 +596,43 @@ def _pg_facts(env):
     def facts(cls, kwargs):
         command = cls().command(**kwargs)
         text = command.get_raw_value() if isinstance(command, StringCommand) else command
-        out = subprocess.run(["sh", "-c", text], env=env, capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+        out = subprocess.run(
+            ["sh", "-c", text], env=env, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
         return cls().process(out) if out else cls().default()
+
     return facts
 
 
 def _pg_run(env, commands):
     for c in commands:
-        subprocess.run(["sh", "-c", c.get_raw_value()], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(["sh", "-c", c.get_raw_value()], env=env, check=True, capture_output=True)
 
 
 def _login(port, user, password, database="postgres") -> bool:
-    return subprocess.run(
-        [str(PG_BIN / "psql"), "-X", "-h", "127.0.0.1", "-p", str(port), "-U", user,
-         "-d", database, "-Atc", "SELECT 1"],
-        env={**os.environ, "PGPASSWORD": password}, check=False, capture_output=True, text=True,
-    ).returncode == 0
+    return (
+        subprocess.run(
+            [
+                str(PG_BIN / "psql"),
+                "-X",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                user,
+                "-d",
+                database,
+                "-Atc",
+                "SELECT 1",
+            ],
+            env={**os.environ, "PGPASSWORD": password},
+            check=False,
+            capture_output=True,
+            text=True,
+        ).returncode
+        == 0
+    )
 
 
 @pytest.mark.pg

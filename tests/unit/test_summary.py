@@ -3,15 +3,16 @@ from deploy.summary import rerun_command, summary_lines
 
 def test_rerun_command_replaces_any_limit():
     argv = ["/x/bin/pyinfra", "-y", "--limit", "agents", "inventories/prod.py", "deploy.py"]
-    assert rerun_command(argv, "gpu-node2") == (
-        "pyinfra -y inventories/prod.py deploy.py --limit gpu-node2")
+    assert rerun_command(argv, "gpu-node2") == ("pyinfra -y inventories/prod.py deploy.py --limit gpu-node2")
     assert rerun_command(["pyinfra", "--limit=a", "inv.py", "deploy.py"], "h") == (
-        "pyinfra inv.py deploy.py --limit h")
+        "pyinfra inv.py deploy.py --limit h"
+    )
 
 
 def test_summary_names_each_failed_host_with_reason_and_command():
-    lines = summary_lines({"b": "unreachable: SSH connection failed", "a": "failed at 'X'"},
-                          ["pyinfra", "inv.py", "deploy.py"])
+    lines = summary_lines(
+        {"b": "unreachable: SSH connection failed", "a": "failed at 'X'"}, ["pyinfra", "inv.py", "deploy.py"]
+    )
     assert lines == [
         "--> 2 host(s) failed; the others finished:",
         "    a: failed at 'X'",
@@ -30,12 +31,12 @@ def test_printed_once_after_the_final_disconnects(capsys, monkeypatch):
     from deploy import summary
 
     monkeypatch.setattr(summary, "run_summary_lines", lambda state: [])
+
     class Host(SimpleNamespace):
         __hash__ = object.__hash__
 
     a, b = Host(name="a"), Host(name="b")
-    state = SimpleNamespace(current_stage=StateStage.Execute, activated_hosts={a, b},
-                            failed_hosts={b})
+    state = SimpleNamespace(current_stage=StateStage.Execute, activated_hosts={a, b}, failed_hosts={b})
     handler = summary.FailureSummary()
     handler.reasons["b"] = "failed at 'X'"
     handler.host_disconnect(state, b)  # a reboot mid-run

@@ -58,7 +58,10 @@ QUAD = [(0, 1, 2, 3), (4, 5, 6, 7)]
 CASES = {
     "dgx_a100_nvswitch.txt": (range(8), [f"mlx5_{i}" for i in range(10)], [tuple(range(8))]),
     "hgx_h100_nv18_nic_legend.txt": (
-        range(8), [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"], [tuple(range(8))]),
+        range(8),
+        [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"],
+        [tuple(range(8))],
+    ),
     "dgx1_v100_hybrid_cube_mesh.txt": (range(8), ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"], QUAD),
     "dgx2_v100_nvswitch.txt": (range(16), [f"mlx5_{i}" for i in range(10)], [tuple(range(16))]),
     "h100_4x_nv6.txt": (range(4), [f"mlx5_{i}" for i in range(4)], [(0, 1, 2, 3)]),
@@ -105,8 +108,7 @@ def test_dgx_a100_links_and_affinity():
 
 def test_nic_legend_maps_columns_to_rdma_devices():
     topo = parsed("hgx_h100_nv18_nic_legend.txt")
-    assert [(n.column, n.device) for n in topo.nics][-2:] == [("NIC7", "mlx5_7"),
-                                                               ("NIC8", "mlx5_bond_0")]
+    assert [(n.column, n.device) for n in topo.nics][-2:] == [("NIC7", "mlx5_7"), ("NIC8", "mlx5_bond_0")]
     assert topo.nic_link(4, "mlx5_4") == "PIX"
     assert topo.nic_link(0, "mlx5_bond_0") == "NODE"
     # "0<TAB><TAB>N/A": the empty cell before GPU NUMA ID must not shift the columns
@@ -164,16 +166,23 @@ def test_no_devices():
     assert domains(topo) == []
 
 
-NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-             "Make sure that the latest NVIDIA driver is installed and running.")
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running."
+)
 
 
-@pytest.mark.parametrize("text, detail", [
-    ("", "nvidia-smi printed nothing (not installed?)"),
-    (NO_DRIVER + "\n\n", NO_DRIVER),
-    ("Failed to initialize NVML: Driver/library version mismatch\n",
-     "Failed to initialize NVML: Driver/library version mismatch"),
-])
+@pytest.mark.parametrize(
+    "text, detail",
+    [
+        ("", "nvidia-smi printed nothing (not installed?)"),
+        (NO_DRIVER + "\n\n", NO_DRIVER),
+        (
+            "Failed to initialize NVML: Driver/library version mismatch\n",
+            "Failed to initialize NVML: Driver/library version mismatch",
+        ),
+    ],
+)
 def test_unavailable(text, detail):
     topo = parse_topo(text)
     assert (topo.status, topo.detail, topo.gpus) == (UNAVAILABLE, detail, ())
@@ -181,6 +190,7 @@ def test_unavailable(text, detail):
 
 
 # ------------------------------------------------------------------ tolerance of the format
+
 
 def _same(a, b):
     return (a.gpus, a.nics, a.columns, a.matrix) == (b.gpus, b.nics, b.columns, b.matrix)
@@ -196,8 +206,9 @@ def test_ansi_underlined_header_crlf_and_preamble():
     text = load("dgx_a100_nvswitch.txt")
     header, rest = text.split("\n", 1)
     # nvidia-smi underlines the header on a terminal; a pty turns \n into \r\n
-    noisy = ("WARNING: infoROM is corrupted at gpu 0000:4E:00.0\n"
-             f"\x1b[4m{header}\x1b[0m\n{rest}").replace("\n", "\r\n")
+    noisy = (f"WARNING: infoROM is corrupted at gpu 0000:4E:00.0\n\x1b[4m{header}\x1b[0m\n{rest}").replace(
+        "\n", "\r\n"
+    )
     assert _same(parse_topo(noisy), parse_topo(text))
 
 
@@ -235,6 +246,7 @@ def test_small_helpers():
 
 # ------------------------------------------------------------------ the grouping rule
 
+
 def matrix_text(n, links, affinity=None, numa=None):
     """A tab-separated topo -m for n GPUs; links {(a, b): label}, unlisted pairs SYS."""
     titles = ["CPU Affinity", "NUMA Affinity"]
@@ -248,8 +260,9 @@ def matrix_text(n, links, affinity=None, numa=None):
 
 def test_bridged_pairs_and_pcie_leftovers():
     # 0-1 joined by an NVLink bridge; 2 and 3 PCIe only, 2 on NUMA 0 and 3 on NUMA 1
-    text = matrix_text(4, {(0, 1): "NV4", (0, 2): "PHB", (1, 2): "PHB"},
-                       numa={0: "0", 1: "0", 2: "0", 3: "1"})
+    text = matrix_text(
+        4, {(0, 1): "NV4", (0, 2): "PHB", (1, 2): "PHB"}, numa={0: "0", 1: "0", 2: "0", 3: "1"}
+    )
     assert domains(parse_topo(text)) == [(0, 1), (2,), (3,)]
     # the leftovers share a NUMA node: one PCIe domain for them
     text = matrix_text(4, {(0, 1): "NV4", (2, 3): "PIX"}, numa={0: "0", 1: "0", 2: "1", 3: "1"})
@@ -257,8 +270,11 @@ def test_bridged_pairs_and_pcie_leftovers():
 
 
 def test_four_bridged_pairs():
-    text = matrix_text(8, {(0, 1): "NV4", (2, 3): "NV4", (4, 5): "NV4", (6, 7): "NV4"},
-                       numa={g: str(g // 4) for g in range(8)})
+    text = matrix_text(
+        8,
+        {(0, 1): "NV4", (2, 3): "NV4", (4, 5): "NV4", (6, 7): "NV4"},
+        numa={g: str(g // 4) for g in range(8)},
+    )
     assert domains(parse_topo(text)) == [(0, 1), (2, 3), (4, 5), (6, 7)]
 
 
@@ -285,28 +301,37 @@ def test_pcie_grouping_falls_back_to_cpu_sets_then_one_domain():
 
 def test_nvlink_beats_numa():
     # all-to-all NVLink across two NUMA nodes stays one domain
-    text = matrix_text(4, {p: "NV6" for p in itertools.combinations(range(4), 2)},
-                       numa={0: "0", 1: "0", 2: "1", 3: "1"})
+    text = matrix_text(
+        4, {p: "NV6" for p in itertools.combinations(range(4), 2)}, numa={0: "0", 1: "0", 2: "1", 3: "1"}
+    )
     assert domains(parse_topo(text)) == [(0, 1, 2, 3)]
 
 
 # ------------------------------------------------------------------ plans and trial size
 
+
 def test_agent_plan_per_node_and_per_domain():
     assert agent_plan("gpu1", QUAD, "per_node") == [AgentSpec("gpu1", "0,1,2,3,4,5,6,7", 8)]
     assert agent_plan("gpu1", QUAD, "per_domain") == [
-        AgentSpec("gpu1-0", "0,1,2,3", 4), AgentSpec("gpu1-1", "4,5,6,7", 4)]
+        AgentSpec("gpu1-0", "0,1,2,3", 4),
+        AgentSpec("gpu1-1", "4,5,6,7", 4),
+    ]
     # ids follow the domains' order by first GPU, whatever order they come in
-    assert [a.agent_id + ":" + a.visible_gpus
-            for a in agent_plan("n", [(6, 7), (0, 1)], "per_domain")] == ["n-0:0,1", "n-1:6,7"]
+    assert [a.agent_id + ":" + a.visible_gpus for a in agent_plan("n", [(6, 7), (0, 1)], "per_domain")] == [
+        "n-0:0,1",
+        "n-1:6,7",
+    ]
 
 
-@pytest.mark.parametrize("domains_, layout, message", [
-    (QUAD, "per_gpu", "agent_layout 'per_gpu' is not one of per_node, per_domain"),
-    ([], "per_node", "no GPUs"),
-    ([(0, 1), ()], "per_domain", "no GPUs"),
-    ([(0, 1), (1, 2)], "per_domain", "a GPU is in two domains"),
-])
+@pytest.mark.parametrize(
+    "domains_, layout, message",
+    [
+        (QUAD, "per_gpu", "agent_layout 'per_gpu' is not one of per_node, per_domain"),
+        ([], "per_node", "no GPUs"),
+        ([(0, 1), ()], "per_domain", "no GPUs"),
+        ([(0, 1), (1, 2)], "per_domain", "a GPU is in two domains"),
+    ],
+)
 def test_agent_plan_errors(domains_, layout, message):
     with pytest.raises(ValueError, match=message):
         agent_plan("gpu1", domains_, layout)
@@ -330,6 +355,7 @@ def test_largest_trial_slots_errors():
 
 
 # ------------------------------------------------------------------ pyinfra facts
+
 
 def test_fact_commands_never_fail():
     assert GpuTopology().command() == "nvidia-smi topo -m 2>/dev/null || true"
@@ -362,26 +388,32 @@ def test_to_json():
 
 # ------------------------------------------------------------------ the lab's stand-in
 
+
 @pytest.fixture
 def standin(tmp_path):
     """The lab's nvidia-smi as the lab installs it (placeholders rendered), on PATH."""
     bin_dir, run_dir, etc_dir = tmp_path / "bin", tmp_path / "run", tmp_path / "etc"
     for d in (bin_dir, run_dir, etc_dir):
         d.mkdir()
-    script = STANDIN.read_text().replace("@DRIVER_VERSION@", DRIVER).replace("@CUDA_VERSION@",
-                                                                             "11.7")
+    script = STANDIN.read_text().replace("@DRIVER_VERSION@", DRIVER).replace("@CUDA_VERSION@", "11.7")
     exe = bin_dir / "nvidia-smi"
     exe.write_text(script.replace("#!/usr/bin/python3", f"#!{sys.executable}", 1))
     exe.chmod(0o755)
     (run_dir / "loaded-version").write_text(DRIVER + "\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
-               DTLAB_STANDIN_RUN_DIR=str(run_dir), DTLAB_STANDIN_ETC_DIR=str(etc_dir),
-               DTLAB_STANDIN_HOSTNAME="lab-gpu1", PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        DTLAB_STANDIN_RUN_DIR=str(run_dir),
+        DTLAB_STANDIN_ETC_DIR=str(etc_dir),
+        DTLAB_STANDIN_HOSTNAME="lab-gpu1",
+        PYTHONPATH=str(REPO),
+    )
 
     class Standin:
         def run(self, *args):
-            return subprocess.run(["nvidia-smi", *args], env=env, capture_output=True,
-                                  text=True, timeout=30, check=False)
+            return subprocess.run(
+                ["nvidia-smi", *args], env=env, capture_output=True, text=True, timeout=30, check=False
+            )
 
         def set_topology(self, topology):
             (etc_dir / "gpu-topology.json").write_text(json.dumps(topology))
@@ -403,22 +435,28 @@ def test_standin_default_output_is_the_stored_vector(standin):
 def _as_standin_json(topo):
     """A parsed Topology in the stand-in's gpu-topology.json format."""
     return {
-        "gpus": [{"name": "Tesla V100-SXM2-32GB", "cpu_affinity": g.cpu_affinity or "N/A",
-                  "numa_affinity": g.numa_affinity or "N/A"} for g in topo.gpus],
+        "gpus": [
+            {
+                "name": "Tesla V100-SXM2-32GB",
+                "cpu_affinity": g.cpu_affinity or "N/A",
+                "numa_affinity": g.numa_affinity or "N/A",
+            }
+            for g in topo.gpus
+        ],
         "nics": [n.device for n in topo.nics],
         "matrix": [list(row) for row in topo.matrix],
     }
 
 
-@pytest.mark.parametrize("name", ["dgx1_v100_hybrid_cube_mesh.txt", "pcie_4x_t4.txt",
-                                  "dgx_a100_nvswitch.txt"])
+@pytest.mark.parametrize(
+    "name", ["dgx1_v100_hybrid_cube_mesh.txt", "pcie_4x_t4.txt", "dgx_a100_nvswitch.txt"]
+)
 def test_standin_renders_real_layouts_the_parser_reads_back(standin, name):
     topo = parsed(name)
     standin.set_topology(_as_standin_json(topo))
     back = parse_topo(standin.run("topo", "-m").stdout)
     assert back.matrix == topo.matrix
-    assert [(g.index, g.cpu_affinity) for g in back.gpus] == [
-        (g.index, g.cpu_affinity) for g in topo.gpus]
+    assert [(g.index, g.cpu_affinity) for g in back.gpus] == [(g.index, g.cpu_affinity) for g in topo.gpus]
     assert domains(back) == CASES[name][2]
 
 
@@ -436,9 +474,20 @@ def test_facts_through_pyinfra_local_connector(standin):
     # The real fact pipeline: pyinfra runs the command in a shell, hands process() the
     # lines, and prints the fact's to_json() as JSON.
     out = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "@local", "fact", "deploy.topology.GpuTopology",
-         "deploy.topology.GpuMigModes"],
-        env=standin.env, cwd=standin.cwd, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pyinfra",
+            "@local",
+            "fact",
+            "deploy.topology.GpuTopology",
+            "deploy.topology.GpuMigModes",
+        ],
+        env=standin.env,
+        cwd=standin.cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
     assert out.returncode == 0, out.stderr + out.stdout
@@ -453,10 +502,13 @@ def test_facts_through_pyinfra_local_connector(standin):
     assert facts["deploy.topology.GpuMigModes"] == {str(i): "Disabled" for i in range(8)}
 
 
-@pytest.mark.parametrize("preset, expected", [
-    ("a100-2x4", [(0, 1, 2, 3), (4, 5, 6, 7)]),
-    ("a100-nvswitch-8", [(0, 1, 2, 3, 4, 5, 6, 7)]),
-])
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        ("a100-2x4", [(0, 1, 2, 3), (4, 5, 6, 7)]),
+        ("a100-nvswitch-8", [(0, 1, 2, 3, 4, 5, 6, 7)]),
+    ],
+)
 def test_lab_hardware_presets_give_their_domains(standin, preset, expected):
     from tests.lab.hardware import PRESETS
 

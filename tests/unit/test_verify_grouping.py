@@ -8,7 +8,8 @@ import textwrap
 
 
 def test_loadgroup_keeps_a_group_on_one_worker(tmp_path):
-    (tmp_path / "test_grouped.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_grouped.py").write_text(
+        textwrap.dedent("""
         import os
         import pytest
 
@@ -17,12 +18,28 @@ def test_loadgroup_keeps_a_group_on_one_worker(tmp_path):
         def test_check(i):
             with open(os.environ["WORKERS_FILE"], "a") as f:
                 f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
-    """))
+    """)
+    )
     out = tmp_path / "workers"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
-         "--dist", "loadgroup", str(tmp_path)],
-        cwd=tmp_path, env={**os.environ, "WORKERS_FILE": str(out)}, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "3",
+            "--dist",
+            "loadgroup",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "WORKERS_FILE": str(out)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     workers = out.read_text().split()
     assert len(workers) == 12 and len(set(workers)) == 1, workers

@@ -20,7 +20,7 @@ pytest_plugins = ["pytester"]
 
 VERIFY = Path(__file__).resolve().parents[1] / "verify"
 
-CONFTEST = '''
+CONFTEST = """
 import collections
 import pytest
 import testinfra
@@ -48,9 +48,9 @@ def host_of():
             return testinfra.get_host(f"paramiko://root@{{node.address}}:{{node.port}}", timeout=2)
         return testinfra.get_host("local://")
     return get
-'''
+"""
 
-CHECKS = '''
+CHECKS = """
 import socket
 import pytest
 
@@ -99,7 +99,7 @@ def registered():
 
 def test_agent_registered_with_its_slots(agent, registered):
     pass
-'''
+"""
 
 EXPECTED_ROWS = [
     "| check | n1 | gpu-1 | gpu-2 | (cluster) |",
@@ -132,8 +132,15 @@ def fake_checks(pytester):
 
 def run_verify(pytester, *args):
     # The warning: this module imported the plugin before the inner run could rewrite it.
-    result = pytester.runpytest("-p", "tests.verify.matrix", "-p", "no:cacheprovider",
-                                "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+    result = pytester.runpytest(
+        "-p",
+        "tests.verify.matrix",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        *args,
+    )
     return result, (pytester.path / "reports" / "verify-matrix.md").read_text()
 
 
@@ -151,55 +158,70 @@ def test_matrix_markdown_and_terminal(pytester, fake_checks):
     assert [r for r in section(md, "Checks x nodes") if r.startswith("|")] == EXPECTED_ROWS
     nodes = section(md, "Nodes")
     assert nodes[0] == "| node | status | ok | FAIL | SSH | skip | why |"
-    assert nodes[2] == ("| n1 | **FAIL** | 4 | 2 | 0 | 0 | test_minio_ready_from_controller, "
-                        "test_brand_new_check |")
-    assert nodes[3] == ("| gpu-1 | **FAIL** | 4 | 3 | 0 | 1 | test_ib_ports_active, "
-                        "test_reaches_peer_on_ipoib, test_agent_registered_with_its_slots |")
-    assert nodes[4].startswith(f"| gpu-2 | **UNREACHABLE** | 2 | 1 | 4 | 1 | SSH to 127.0.0.13:"
-                               f"{fake_checks}: connection refused: node up but nothing on the SSH")
+    assert nodes[2] == (
+        "| n1 | **FAIL** | 4 | 2 | 0 | 0 | test_minio_ready_from_controller, test_brand_new_check |"
+    )
+    assert nodes[3] == (
+        "| gpu-1 | **FAIL** | 4 | 3 | 0 | 1 | test_ib_ports_active, "
+        "test_reaches_peer_on_ipoib, test_agent_registered_with_its_slots |"
+    )
+    assert nodes[4].startswith(
+        f"| gpu-2 | **UNREACHABLE** | 2 | 1 | 4 | 1 | SSH to 127.0.0.13:"
+        f"{fake_checks}: connection refused: node up but nothing on the SSH"
+    )
     assert nodes[5] == "| (cluster) | ok | 1 | 0 | 0 | 0 |  |"
 
     red = "\n".join(section(md, "Red cells: symptom and first thing to do"))
-    assert f"| (every check over SSH) | gpu-2 | SSH to 127.0.0.13:{fake_checks}: connection " \
-           f"refused |" in red
-    assert ("| `test_fake.py::test_ib_ports_active` | gpu-1 | ib0 port Down (State Initializing "
-            "= no subnet manager): 'AllReduce timeout' | check cabling and the subnet manager "
-            "(ibstat, iblinkinfo); reseat fibre / SFP | `mlx5_0 port 1: State Down` |") in red
+    assert f"| (every check over SSH) | gpu-2 | SSH to 127.0.0.13:{fake_checks}: connection refused |" in red
+    assert (
+        "| `test_fake.py::test_ib_ports_active` | gpu-1 | ib0 port Down (State Initializing "
+        "= no subnet manager): 'AllReduce timeout' | check cabling and the subnet manager "
+        "(ibstat, iblinkinfo); reseat fibre / SFP | `mlx5_0 port 1: State Down` |"
+    ) in red
     # Cross-node: the source node's row, the peer in the detail (ids "gpu-1-n1" are not parsed).
     assert "| `test_fake.py::test_reaches_peer_on_ipoib` | gpu-1 |" in red
     assert "`peer n1: cannot reach n1-ib0`" in red
     assert "ConnectionRefusedError" in red  # the check's own refused connection: a finding
     assert f"| `test_fake.py::test_brand_new_check` | n1 | {FALLBACK.symptom} |" in red
     # A fixture that failed: the check's own symptom was never tested, say so.
-    assert ("| `test_fake.py::test_agent_registered_with_its_slots` | gpu-2 | setup failed, the "
-            "check did not run | fix what the setup error says first; then: journalctl -u "
-            "determined-agent on gpu-2;") in red
+    assert (
+        "| `test_fake.py::test_agent_registered_with_its_slots` | gpu-2 | setup failed, the "
+        "check did not run | fix what the setup error says first; then: journalctl -u "
+        "determined-agent on gpu-2;"
+    ) in red
     assert "`login as admin -> 503`" in red
     assert [line for line in red.splitlines() if "| gpu-2 |" in line and "SSH" not in line] == [
-        line for line in red.splitlines() if "test_agent_registered_with_its_slots` | gpu-2" in line]
+        line for line in red.splitlines() if "test_agent_registered_with_its_slots` | gpu-2" in line
+    ]
 
     out = result.stdout.str()
     assert "verify matrix: 9 checks x 3 nodes" in out
-    result.stdout.fnmatch_lines([
-        " *n1 *gpu-1 *gpu-2 *cluster",
-        "test_fake.py",
-        "  hostname *ok *ok *SSH *n/a",
-        "  ib_ports_active *ok *FAIL *SSH *n/a",
-        f"UNREACHABLE gpu-2: SSH to 127.0.0.13:{fake_checks}: connection refused",
-        "    first: node up but nothing on the SSH port*",
-        "FAIL test_ib_ports_active on gpu-1: ib0 port Down*",
-        "    first: check cabling and the subnet manager (ibstat, iblinkinfo)*",
-        "    seen on gpu-1: mlx5_0 port 1: State Down",
-        "matrix: *reports/verify-matrix.md",
-        "wall time *: 11 ok, 6 FAIL, 2 skip, 1 unreachable nodes",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            " *n1 *gpu-1 *gpu-2 *cluster",
+            "test_fake.py",
+            "  hostname *ok *ok *SSH *n/a",
+            "  ib_ports_active *ok *FAIL *SSH *n/a",
+            f"UNREACHABLE gpu-2: SSH to 127.0.0.13:{fake_checks}: connection refused",
+            "    first: node up but nothing on the SSH port*",
+            "FAIL test_ib_ports_active on gpu-1: ib0 port Down*",
+            "    first: check cabling and the subnet manager (ibstat, iblinkinfo)*",
+            "    seen on gpu-1: mlx5_0 port 1: State Down",
+            "matrix: *reports/verify-matrix.md",
+            "wall time *: 11 ok, 6 FAIL, 2 skip, 1 unreachable nodes",
+        ]
+    )
     # One line per SSH failure, not a paramiko traceback each.
     assert "paramiko/client.py" not in out
-    result.stdout.fnmatch_lines([
-        "*_ test_hostname?gpu-2? _*",
-        (f"SSH to 127.0.0.13:{fake_checks}: connection refused  "
-         "[[]paramiko.ssh_exception.NoValidConnectionsError: *]"),
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_hostname?gpu-2? _*",
+            (
+                f"SSH to 127.0.0.13:{fake_checks}: connection refused  "
+                "[[]paramiko.ssh_exception.NoValidConnectionsError: *]"
+            ),
+        ]
+    )
 
 
 def test_same_matrix_under_xdist(pytester, fake_checks):
@@ -233,14 +255,16 @@ def test_collection_error_is_reported(pytester):
     result, md = run_verify(pytester)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert "no_such_module_here" in "\n".join(section(md, "Collection errors (no check ran from these)"))
-    result.stdout.fnmatch_lines([
-        ("collection error: test_broken.py: ModuleNotFoundError: No module named "
-         "'no_such_module_here'"),
-        "no check ran",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            ("collection error: test_broken.py: ModuleNotFoundError: No module named 'no_such_module_here'"),
+            "no check ran",
+        ]
+    )
 
 
 # --- the SSH classifier on real paramiko failures ------------------------------------------
+
 
 def _raised(fn):
     try:
@@ -253,11 +277,15 @@ def _raised(fn):
 def test_ssh_problem_refused():
     port = closed_port("127.0.0.1")
     client = paramiko.SSHClient()
-    exc = _raised(lambda: client.connect("127.0.0.1", port, timeout=2, look_for_keys=False,
-                                         allow_agent=False))
+    exc = _raised(
+        lambda: client.connect("127.0.0.1", port, timeout=2, look_for_keys=False, allow_agent=False)
+    )
     assert isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError)
-    assert matrix.ssh_problem(exc) == ("refused", f"SSH to 127.0.0.1:{port}: connection refused",
-                                       f"127.0.0.1:{port}")
+    assert matrix.ssh_problem(exc) == (
+        "refused",
+        f"SSH to 127.0.0.1:{port}: connection refused",
+        f"127.0.0.1:{port}",
+    )
 
 
 def test_ssh_problem_no_banner():
@@ -267,8 +295,11 @@ def test_ssh_problem_no_banner():
         server.listen()
         port = server.getsockname()[1]
         client = paramiko.SSHClient()
-        exc = _raised(lambda: client.connect("127.0.0.1", port, timeout=2, banner_timeout=0.3,
-                                             look_for_keys=False, allow_agent=False))
+        exc = _raised(
+            lambda: client.connect(
+                "127.0.0.1", port, timeout=2, banner_timeout=0.3, look_for_keys=False, allow_agent=False
+            )
+        )
     kind, reason, target = matrix.ssh_problem(exc)
     assert (kind, target) == ("timeout", f"127.0.0.1:{port}")
     assert reason.startswith(f"SSH to 127.0.0.1:{port}: no SSH banner")
@@ -284,17 +315,18 @@ def test_ssh_problem_ignores_connections_made_by_checks():
 def test_ssh_problem_auth_without_target():
     def fail():
         raise paramiko.AuthenticationException("Authentication failed.")
+
     assert matrix.ssh_problem(_raised(fail)) == ("auth", "SSH: authentication failed", None)
 
 
 # --- hints ---------------------------------------------------------------------------------
 
+
 def verify_check_names() -> set[str]:
     names = set()
     for path in VERIFY.glob("test_*.py"):
         tree = ast.parse(path.read_text(), str(path))
-        names |= {f.name for f in tree.body
-                  if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
+        names |= {f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
     return names
 
 
@@ -308,8 +340,7 @@ def test_every_verify_check_has_a_hint():
 def test_hint_lookup():
     assert hint_for("test_gpu_stack.py::test_ib_ports_active") == HINTS["test_ib_ports_active"]
     assert hint_for("test_x.py::test_unknown", "n7") == FALLBACK.format("n7")
-    assert "journalctl -u determined-agent on lab-gpu2" in \
-        hint_for("test_agent_service", "lab-gpu2").action
+    assert "journalctl -u determined-agent on lab-gpu2" in hint_for("test_agent_service", "lab-gpu2").action
 
 
 def test_report_message_first_line():
@@ -323,17 +354,19 @@ def test_report_message_first_line():
         longrepr = Repr()
 
     assert matrix.report_message(Report()) == "lab-gpu1 -> lab-gpu2"
-    Crash.message = ("assert (True and False)\n +  where True = <service x>.is_enabled\n"
-                     " +  and   False = <service x>.is_running")
-    assert matrix.report_message(Report()) == \
-        "assert (True and False) (where True = <service x>.is_enabled)"
+    Crash.message = (
+        "assert (True and False)\n +  where True = <service x>.is_enabled\n"
+        " +  and   False = <service x>.is_running"
+    )
+    assert matrix.report_message(Report()) == "assert (True and False) (where True = <service x>.is_enabled)"
     # testinfra's check_output failure: the command, its exit status and its last stderr line.
-    Crash.message = ("Unexpected exit code 127 for CommandResult(backend=<testinfra.backend."
-                     "paramiko.ParamikoBackend object at 0x7f>, exit_status=127, command=b'ibstat"
-                     " -l', _stdout=b'', _stderr=b\"x\\nbash: line 1: ibstat: command not found"
-                     "\\n\")")
-    assert matrix.report_message(Report()) == \
-        "ibstat -l -> exit 127: bash: line 1: ibstat: command not found"
+    Crash.message = (
+        "Unexpected exit code 127 for CommandResult(backend=<testinfra.backend."
+        "paramiko.ParamikoBackend object at 0x7f>, exit_status=127, command=b'ibstat"
+        " -l', _stdout=b'', _stderr=b\"x\\nbash: line 1: ibstat: command not found"
+        '\\n")'
+    )
+    assert matrix.report_message(Report()) == "ibstat -l -> exit 127: bash: line 1: ibstat: command not found"
     Report.longrepr = ("f.py", 3, "Skipped: no secrets")
     assert matrix.report_message(Report()) == "no secrets"
 

@@ -18,11 +18,27 @@ REPO = Path(__file__).resolve().parents[2]
 def pytest_command(cluster: str, workers: str, reports: Path, rest: list[str]) -> list[str]:
     # Short tracebacks by default: the matrix carries the overview, tracebacks the detail.
     tb = [] if any(a.startswith("--tb") for a in rest) else ["--tb=short"]
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
-            "--dist", "loadgroup",
-            "-p", "tests.verify.matrix", f"--verify-matrix={reports / 'verify-matrix.md'}",
-            *tb, "--cluster", cluster, f"--junitxml={reports / 'verify-junit.xml'}",
-            str(REPO / "tests" / "verify"), *rest]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        workers,
+        "--dist",
+        "loadgroup",
+        "-p",
+        "tests.verify.matrix",
+        f"--verify-matrix={reports / 'verify-matrix.md'}",
+        *tb,
+        "--cluster",
+        cluster,
+        f"--junitxml={reports / 'verify-junit.xml'}",
+        str(REPO / "tests" / "verify"),
+        *rest,
+    ]
 
 
 def main(argv=None) -> int:
@@ -35,8 +51,11 @@ def main(argv=None) -> int:
     started = time.monotonic()
     status = subprocess.call(pytest_command(args.cluster, args.workers, reports, rest), cwd=REPO)
     verdict = "all checks passed" if status == 0 else f"FAILED (exit status {status})"
-    print(f"verify {args.cluster}: {verdict}; wall time {time.monotonic() - started:.1f}s; "
-          f"matrix: {reports / 'verify-matrix.md'}", flush=True)
+    print(
+        f"verify {args.cluster}: {verdict}; wall time {time.monotonic() - started:.1f}s; "
+        f"matrix: {reports / 'verify-matrix.md'}",
+        flush=True,
+    )
     return status
 
 

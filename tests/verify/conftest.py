@@ -100,6 +100,7 @@ def host_of(cluster):
 def registered_agents(cluster):
     """{agent id: agent} from the master, once every agent node's enabled agents offer its
     slots (one poll per worker for every registration check)."""
+
     def done(agents):
         by_id = {a["id"]: a for a in agents}
         return all(_enabled_slots(n, by_id) == n.slots for n in cluster.agents)

@@ -26,178 +26,221 @@ HINTS: dict[str, Hint] = {
     "test_os_and_kernel_allowed": Hint(
         "OS release or kernel not in preflight.allowed_os",
         "compare `uname -r` and /etc/os-release with preflight.allowed_os; old kernels (4.15) "
-        "make RDMA / GPUDirect unstable: upgrade the kernel, not the allow-list"),
+        "make RDMA / GPUDirect unstable: upgrade the kernel, not the allow-list",
+    ),
     "test_hostname": Hint(
         "the node's hostname differs from nodes[].hostname in cluster.yaml",
-        "`hostnamectl set-hostname NAME` on {node} (or fix cluster.yaml), then " + REDEPLOY),
+        "`hostnamectl set-hostname NAME` on {node} (or fix cluster.yaml), then " + REDEPLOY,
+    ),
     "test_etc_hosts_maps_every_node": Hint(
         "'Failed to resolve hostname': the /etc/hosts block is missing or stale",
-        "`getent hosts PEER` on {node}; " + REDEPLOY + " (the hosts role writes the block)"),
+        "`getent hosts PEER` on {node}; " + REDEPLOY + " (the hosts role writes the block)",
+    ),
     "test_ipoib_interface_static_and_up": Hint(
         "ib0 missing, down, or with the wrong address / MTU",
-        "`ip addr show ib0` and `ibstat` on {node} (is openibd up?), then " + REDEPLOY),
+        "`ip addr show ib0` and `ibstat` on {node} (is openibd up?), then " + REDEPLOY,
+    ),
     "test_no_firewall_rules": Hint(
         "firewall rules present: heartbeats / NCCL traffic dropped, agents stay 'pending'",
         "ufw disable and flush chains (`iptables -F; iptables -X`, also ip6tables, nat, mangle), "
-        "then " + REDEPLOY),
+        "then " + REDEPLOY,
+    ),
     "test_ufw_disabled": Hint(
         "ufw is enabled (ENABLED=yes in /etc/ufw/ufw.conf)",
-        "ufw disable and flush chains on {node}, then " + REDEPLOY),
+        "ufw disable and flush chains on {node}, then " + REDEPLOY,
+    ),
     # --- test_cross_node.py (source node = row; the peer is in the detail) -------------------
     "test_reaches_peer_on_management": Hint(
         "cannot reach a peer's port 22 on the management network",
         "`getent hosts PEER` and `ip route` on {node}; firewall on either side "
-        "(`iptables-save`); all nodes in one layer-2 segment, no NAT"),
+        "(`iptables-save`); all nodes in one layer-2 segment, no NAT",
+    ),
     "test_reaches_peer_on_ipoib": Hint(
         "no path to a peer over IPoIB: NCCL will fail with 'AllReduce timeout after 300 seconds'",
         "`ibstat` / `iblinkinfo` on both nodes (port Down: cabling, subnet manager); "
-        "`ip addr show ib0`; the HOST-ib0 names in /etc/hosts"),
+        "`ip addr show ib0`; the HOST-ib0 names in /etc/hosts",
+    ),
     # --- test_gpu_stack.py ------------------------------------------------------------------
     "test_driver_version_on_every_gpu": Hint(
         "NVIDIA driver version mismatch, or nvidia-smi fails / sees no GPU",
-        REDEPLOY + " (pinned cuda-drivers), then reboot {node} if it asks; `nvidia-smi`"),
+        REDEPLOY + " (pinned cuda-drivers), then reboot {node} if it asks; `nvidia-smi`",
+    ),
     "test_no_driver_reboot_pending": Hint(
         "a new driver is installed but the old kernel module is still loaded",
-        "reboot {node} (`cat /run/reboot-required.pkgs`), then verify again"),
+        "reboot {node} (`cat /run/reboot-required.pkgs`), then verify again",
+    ),
     "test_nouveau_blacklisted": Hint(
         "nouveau is not blacklisted: it can grab the GPUs before the NVIDIA driver",
-        REDEPLOY + " (blacklist + update-initramfs -u), then reboot {node}"),
+        REDEPLOY + " (blacklist + update-initramfs -u), then reboot {node}",
+    ),
     "test_cuda_link_resolves_to_pinned_toolkit": Hint(
         "/usr/local/cuda points to another CUDA toolkit than the pinned one",
-        "`readlink -e /usr/local/cuda` on {node}; " + REDEPLOY),
+        "`readlink -e /usr/local/cuda` on {node}; " + REDEPLOY,
+    ),
     "test_nvcc_release": Hint(
         "nvcc version mismatch (CUDA 12.x risks ncclCommInitAll failures)",
-        REDEPLOY + " (cuda-toolkit-X-Y only: never cuda-X-Y, it pulls another driver)"),
+        REDEPLOY + " (cuda-toolkit-X-Y only: never cuda-X-Y, it pulls another driver)",
+    ),
     "test_login_shell_finds_cuda": Hint(
         "a login shell does not find nvcc or the CUDA libraries",
-        "`bash -lc 'command -v nvcc; echo $LD_LIBRARY_PATH'` on {node}; " + REDEPLOY),
+        "`bash -lc 'command -v nvcc; echo $LD_LIBRARY_PATH'` on {node}; " + REDEPLOY,
+    ),
     "test_nccl_library_and_version": Hint(
         "NCCL version mismatch, or the library is missing",
         REDEPLOY + " (libnccl2 from NVIDIA's repo, not the distribution's); "
-        "`ldconfig -p | grep nccl` on {node}"),
+        "`ldconfig -p | grep nccl` on {node}",
+    ),
     "test_pinned_packages_installed_and_held": Hint(
         "a pinned GPU package is missing, at another version, or not held",
-        "`apt-mark showhold` on {node} (did an unattended upgrade move it?), then " + REDEPLOY),
+        "`apt-mark showhold` on {node} (did an unattended upgrade move it?), then " + REDEPLOY,
+    ),
     "test_apt_candidate_is_the_pin": Hint(
         "apt would install another version than the pin on the next upgrade",
-        "`apt-cache policy PACKAGE` on {node}; " + REDEPLOY + " (/etc/apt/preferences.d/)"),
+        "`apt-cache policy PACKAGE` on {node}; " + REDEPLOY + " (/etc/apt/preferences.d/)",
+    ),
     "test_ofed_release": Hint(
         "MLNX_OFED missing or another version (with community OFED ibstat cannot see the HCA)",
-        "`ofed_info -s` on {node}; " + REDEPLOY),
+        "`ofed_info -s` on {node}; " + REDEPLOY,
+    ),
     "test_ib_ports_active": Hint(
         "ib0 port Down (State Initializing = no subnet manager): 'AllReduce timeout'",
-        "check cabling and the subnet manager (ibstat, iblinkinfo); reseat fibre / SFP"),
+        "check cabling and the subnet manager (ibstat, iblinkinfo); reseat fibre / SFP",
+    ),
     # --- test_storage.py --------------------------------------------------------------------
     "test_minio_service": Hint(
         "MinIO is not running, or its binary / service user is wrong",
-        "`journalctl -u minio` on {node}; " + REDEPLOY),
+        "`journalctl -u minio` on {node}; " + REDEPLOY,
+    ),
     "test_minio_ready_from_controller": Hint(
         "MinIO does not answer /minio/health/ready from the controller",
-        "`journalctl -u minio` on {node}; port 9000 blocked (firewall) or bound elsewhere"),
+        "`journalctl -u minio` on {node}; port 9000 blocked (firewall) or bound elsewhere",
+    ),
     "test_minio_ready_on_node": Hint(
         "MinIO is not ready on its own node",
-        "`journalctl -u minio` on {node}: MINIO_VOLUMES in /etc/default/minio, disk space"),
+        "`journalctl -u minio` on {node}: MINIO_VOLUMES in /etc/default/minio, disk space",
+    ),
     "test_minio_site_region_matches": Hint(
         "MinIO's region differs from storage.region: every checkpoint upload fails "
         "('Connection refused'-like errors)",
-        "MINIO_SITE_REGION in /etc/default/minio = storage.region, no legacy MINIO_REGION; "
-        + REDEPLOY),
+        "MINIO_SITE_REGION in /etc/default/minio = storage.region, no legacy MINIO_REGION; " + REDEPLOY,
+    ),
     "test_bucket_exists_in_region": Hint(
         "checkpoint bucket missing or in another region",
-        REDEPLOY + " (creates the bucket); storage.region must be MinIO's site region"),
+        REDEPLOY + " (creates the bucket); storage.region must be MinIO's site region",
+    ),
     "test_master_env_has_region_and_keys": Hint(
         "the master's S3 environment (master-s3.env) is incomplete, or not in the running "
         "process: the master cannot download checkpoints",
         "`systemctl cat determined-master` on the master; `systemctl restart determined-master` "
-        "after a change; " + REDEPLOY),
+        "after a change; " + REDEPLOY,
+    ),
     "test_master_credentials_write_and_read": Hint(
         "checkpoint upload refused ('Permission denied'): S3 credentials or region",
         "try an S3 client against storage.endpoint_url with the master's keys; compare "
-        "storage.access_key / secret_key / region, then " + REDEPLOY),
+        "storage.access_key / secret_key / region, then " + REDEPLOY,
+    ),
     "test_wrong_secret_refused": Hint(
         "MinIO accepted a wrong secret key: the bucket is not protected",
-        "check the bucket's anonymous policy (`mc anonymous get`) and MinIO's root credentials"),
+        "check the bucket's anonymous policy (`mc anonymous get`) and MinIO's root credentials",
+    ),
     "test_secret_files_are_0600_root": Hint(
         "a secret file is missing or readable by others than root",
-        "`ls -l /etc/default/minio /etc/determined/` on {node}; " + REDEPLOY),
+        "`ls -l /etc/default/minio /etc/determined/` on {node}; " + REDEPLOY,
+    ),
     # --- test_determined.py -----------------------------------------------------------------
     "test_postgresql_version_and_connections": Hint(
         "PostgreSQL too old (< 13), max_connections < 96, or listening beyond localhost",
-        "`runuser -u postgres -- psql -c 'SHOW server_version'` on {node}; " + REDEPLOY),
+        "`runuser -u postgres -- psql -c 'SHOW server_version'` on {node}; " + REDEPLOY,
+    ),
     "test_database_role_password_is_the_configured_one": Hint(
         "the master cannot log into PostgreSQL: the role's password is not database.password",
-        REDEPLOY + " (sets the role's password); `journalctl -u determined-master`"),
+        REDEPLOY + " (sets the role's password); `journalctl -u determined-master`",
+    ),
     "test_master_service": Hint(
         "determined-master is not running (port clash: another service holds the master port)",
         "`journalctl -u determined-master` on {node}: 'address already in use' means another "
-        "service (Slurm, ...) holds master_port"),
+        "service (Slurm, ...) holds master_port",
+    ),
     "test_master_health_from_controller": Hint(
         "the master's /health does not answer 200 from the controller",
         "`journalctl -u determined-master` on the master (address already in use? DB login?); "
-        "firewall on master_port"),
+        "firewall on master_port",
+    ),
     "test_master_health_on_node": Hint(
         "the master is not healthy on its own port: another service may hold the master port",
         "`journalctl -u determined-master` on {node} (address already in use); "
-        "`ss -ltnp` for who listens on master_port"),
+        "`ss -ltnp` for who listens on master_port",
+    ),
     "test_master_yaml": Hint(
         "master.yaml has unknown keys (e.g. the article's checkpoint_storage.region: the master "
         "refuses to start) or differs from cluster.yaml",
-        REDEPLOY + "; never add `region:` to checkpoint_storage (set AWS_DEFAULT_REGION)"),
+        REDEPLOY + "; never add `region:` to checkpoint_storage (set AWS_DEFAULT_REGION)",
+    ),
     "test_docker_with_nvidia_runtime": Hint(
         "Docker missing, older than 20.10, or without the nvidia runtime",
-        "`docker info` on {node} (Runtimes); " + REDEPLOY + " (docker + nvidia-container-toolkit)"),
+        "`docker info` on {node} (Runtimes); " + REDEPLOY + " (docker + nvidia-container-toolkit)",
+    ),
     "test_agent_yaml": Hint(
         "agent.yaml has unknown keys, or master_host / master_port are not the master's",
-        REDEPLOY + "; master_port defaults to 80 when agent.yaml omits it"),
+        REDEPLOY + "; master_port defaults to 80 when agent.yaml omits it",
+    ),
     "test_agent_service": Hint(
         "determined-agent is not running (per_domain nodes: a determined-agent@<i> instance)",
         "journalctl -u determined-agent on {node} (per_domain: -u 'determined-agent@*'); "
-        "`systemctl status docker`"),
+        "`systemctl status docker`",
+    ),
     "test_agent_reaches_master_port": Hint(
         "the agent cannot connect to master_host:master_port",
         "`getent hosts MASTER` on {node} (/etc/hosts block); firewall; "
-        "is the master listening (`ss -ltn` on the master)?"),
+        "is the master listening (`ss -ltn` on the master)?",
+    ),
     "test_agent_registered_with_its_slots": Hint(
         "agent not registered with the master, or with the wrong number of slots",
         "journalctl -u determined-agent on {node}; master_port defaults to 80 when absent; "
-        "`nvidia-smi -L` for the slots"),
+        "`nvidia-smi -L` for the slots",
+    ),
     # --- test_topology_agents.py ------------------------------------------------------------
     "test_agents_registered_with_domain_slots": Hint(
         "the node's enabled agents are not one per NVLink domain (per_domain) or the one "
         "per-node agent, or their slots differ from the domains in `nvidia-smi topo -m`",
         "`systemctl list-units 'determined-agent*'` and `nvidia-smi topo -m` on {node}; "
-        "journalctl -u 'determined-agent@*' on {node}; " + REDEPLOY),
+        "journalctl -u 'determined-agent@*' on {node}; " + REDEPLOY,
+    ),
     "test_agent_configs_cover_each_gpu_once": Hint(
         "the visible_gpus of {node}'s agent configs leave a GPU out, offer one twice, or do "
         "not follow its NVLink domains: trials may span domains or wait for slots forever",
         "compare /etc/determined/agent-*.yaml with `nvidia-smi topo -m` on {node} (a GPU "
-        "fallen off the bus shows there first); " + REDEPLOY),
+        "fallen off the bus shows there first); " + REDEPLOY,
+    ),
     "test_agent_units_match_layout": Hint(
         "agent units do not match agent_layout: a stale determined-agent@ instance, or the "
         "per-node determined-agent.service running beside per-domain agents (GPUs offered "
         "twice)",
-        "`systemctl list-units --all 'determined-agent*'` on {node}; " + REDEPLOY
-        + " (it stops and removes what the layout does not use)"),
+        "`systemctl list-units --all 'determined-agent*'` on {node}; "
+        + REDEPLOY
+        + " (it stops and removes what the layout does not use)",
+    ),
     "test_no_unexpected_agent_enabled": Hint(
         "an enabled agent that no node's layout and topology account for (stale agent from an "
         "earlier layout, or a node gone from cluster.yaml)",
         "GET /api/v1/agents; stop that agent's unit on its node (`systemctl disable --now`); "
-        "a stopped agent stays listed as disabled for agent_reconnect_wait (25 s)"),
+        "a stopped agent stays listed as disabled for agent_reconnect_wait (25 s)",
+    ),
 }
 
 FALLBACK = Hint(
     "check failed (no hint recorded for this check yet)",
     "read the check's assertion in the pytest output and its docstring in tests/verify/; "
-    "then the node's journal (`journalctl -p err -b` on {node})")
+    "then the node's journal (`journalctl -p err -b` on {node})",
+)
 
 # A node that cannot be reached over SSH: keyed by the reason's kind (see matrix.ssh_reason).
 SSH_HINTS: dict[str, str] = {
     "refused": "node up but nothing on the SSH port: `systemctl status ssh` on its console; "
-               "ssh.port in cluster.yaml",
+    "ssh.port in cluster.yaml",
     "unreachable": "no route to the node: is it powered on, cabled, in network.management?",
     "timeout": "node down, or a firewall drops SSH: ping it, check its console",
-    "auth": "SSH login refused: ssh.user and ssh.key_file in cluster.yaml, authorized_keys on "
-            "the node",
+    "auth": "SSH login refused: ssh.user and ssh.key_file in cluster.yaml, authorized_keys on the node",
     "hostkey": "host key changed (reinstalled node?): update ssh.known_hosts_file",
     "resolve": "the node's address does not resolve: nodes[].address in cluster.yaml",
     "other": "`ssh -i KEY_FILE USER@ADDRESS true` from this machine (ssh.* in cluster.yaml)",

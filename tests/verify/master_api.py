@@ -38,16 +38,18 @@ def _slot_count(slots) -> int:
 
 
 def _enabled_slots(node, agents: dict) -> int:
-    return sum(_slot_count(a.get("slots")) for a in _agents_of(node, agents).values()
-               if a.get("enabled", True))
+    return sum(
+        _slot_count(a.get("slots")) for a in _agents_of(node, agents).values() if a.get("enabled", True)
+    )
 
 
 def poll_agents(cluster, done) -> list[dict]:
     """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
     agent started before the master retries every 5 s; a restarted one reconnects)."""
-    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login",
-                         {"username": "admin",
-                          "password": cluster.determined.admin_password.value})
+    status, body = _http(
+        f"{_master_url(cluster)}/api/v1/auth/login",
+        {"username": "admin", "password": cluster.determined.admin_password.value},
+    )
     assert status == 200, f"login as admin -> {status} (determined.admin_password)"
     token = body["token"]
     deadline = time.monotonic() + REGISTRATION_WAIT

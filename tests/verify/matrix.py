@@ -36,29 +36,39 @@ NODE_PARAMS = ("node", "agent", "master", "storage")
 PEER_PARAMS = ("peer",)
 CLUSTER = "(cluster)"  # column of checks not parametrised over nodes (run once, cluster-wide)
 
-P_CHECK = "verify.check"      # "test_module.py::test_name"
-P_NODE = "verify.node"        # row node hostname
-P_PEER = "verify.peer"        # peer hostname (cross-node checks)
+P_CHECK = "verify.check"  # "test_module.py::test_name"
+P_NODE = "verify.node"  # row node hostname
+P_PEER = "verify.peer"  # peer hostname (cross-node checks)
 P_ADDRESS = "verify.address"  # "hostname address", to name the node behind an SSH target
-P_ORDER = "verify.order"      # index in the all-nodes parametrisation: cluster.yaml order
-P_SSH = "verify.ssh"          # one-line reason an SSH connection failed
+P_ORDER = "verify.order"  # index in the all-nodes parametrisation: cluster.yaml order
+P_SSH = "verify.ssh"  # one-line reason an SSH connection failed
 P_SSH_KIND = "verify.ssh_kind"
 P_SSH_TARGET = "verify.ssh_target"  # "address:port" paramiko tried to reach
 
 OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
-MARKUP = {OK: {"green": True}, FAIL: {"red": True, "bold": True}, SKIP: {"yellow": True},
-          NA: {"light": True}, SSH: {"red": True, "bold": True}}
-LEGEND = (f"{OK} = passed (with every peer, for cross-node checks), {FAIL} = failed, "
-          f"{SKIP} = skipped, {NA} = does not apply to that node, "
-          f"{SSH} = could not run: the node is unreachable over SSH, "
-          f"{CLUSTER} = checks run once for the whole cluster")
+MARKUP = {
+    OK: {"green": True},
+    FAIL: {"red": True, "bold": True},
+    SKIP: {"yellow": True},
+    NA: {"light": True},
+    SSH: {"red": True, "bold": True},
+}
+LEGEND = (
+    f"{OK} = passed (with every peer, for cross-node checks), {FAIL} = failed, "
+    f"{SKIP} = skipped, {NA} = does not apply to that node, "
+    f"{SSH} = could not run: the node is unreachable over SSH, "
+    f"{CLUSTER} = checks run once for the whole cluster"
+)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("verify-matrix", "verify matrix (tests/verify/matrix.py)")
-    group.addoption("--verify-matrix", metavar="PATH", default=None,
-                    help="write the checks x nodes matrix (Markdown) here "
-                         "(default: <rootdir>/reports/verify-matrix.md)")
+    group.addoption(
+        "--verify-matrix",
+        metavar="PATH",
+        default=None,
+        help="write the checks x nodes matrix (Markdown) here (default: <rootdir>/reports/verify-matrix.md)",
+    )
 
 
 def pytest_configure(config):
@@ -68,6 +78,7 @@ def pytest_configure(config):
 
 
 # --- every collecting process: stamp items, shorten SSH failures ---------------------------
+
 
 def _hostname(value) -> str | None:
     name = getattr(value, "hostname", None)
@@ -170,12 +181,13 @@ def pytest_runtest_makereport(item, call):
 
 # --- the controller: record results, build and render the matrix ---------------------------
 
+
 @dataclass(frozen=True)
 class Result:
     check: str
-    node: str          # hostname, or CLUSTER
+    node: str  # hostname, or CLUSTER
     peer: str | None
-    outcome: str       # OK, FAIL, SKIP
+    outcome: str  # OK, FAIL, SKIP
     message: str = ""
     ssh: str | None = None
     ssh_kind: str | None = None
@@ -195,7 +207,8 @@ _LITERAL = r"""b?(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
 # testinfra's check_output / file.content_string failures print the whole CommandResult repr.
 _COMMAND_RESULT = re.compile(
     rf"CommandResult\(backend=.*?, exit_status=(?P<rc>-?\d+), command=(?P<cmd>{_LITERAL}), "
-    rf"_stdout=(?P<out>{_LITERAL}), _stderr=(?P<err>{_LITERAL})\)")
+    rf"_stdout=(?P<out>{_LITERAL}), _stderr=(?P<err>{_LITERAL})\)"
+)
 
 
 def _literal(text: str) -> str:
@@ -228,8 +241,7 @@ def report_message(report) -> str:
     first = (_command_failure(text) or (lines[0] if lines else "")).removeprefix("AssertionError: ")
     if first.startswith("assert "):
         # `assert a and b` says only "assert (False)": the first "where" line names the culprit.
-        where = next((line.lstrip("+ ") for line in lines[1:] if line.lstrip("+ ").startswith("where")),
-                     None)
+        where = next((line.lstrip("+ ") for line in lines[1:] if line.lstrip("+ ").startswith("where")), None)
         first += f" ({where})" if where else ""
     return first if len(first) <= 200 else first[:197] + "..."
 
@@ -272,8 +284,10 @@ class Cell:
         failed = [r for r in self.results if r.outcome == FAIL and not r.ssh]
         if failed and all(r.phase == "setup" for r in failed):
             # The check's own symptom was never tested: what broke is what its fixture needed.
-            return Hint("setup failed, the check did not run",
-                        f"fix what the setup error says first; then: {hint.action}")
+            return Hint(
+                "setup failed, the check did not run",
+                f"fix what the setup error says first; then: {hint.action}",
+            )
         return hint
 
 
@@ -289,16 +303,20 @@ class Matrix:
         return cell.status if cell else NA
 
     def red_cells(self) -> list[tuple[str, str, Cell]]:
-        return [(c, n, self.cells[c, n]) for c in self.checks for n in self.nodes
-                if self.status(c, n) == FAIL]
+        return [
+            (c, n, self.cells[c, n]) for c in self.checks for n in self.nodes if self.status(c, n) == FAIL
+        ]
 
     def counts(self, node: str) -> Counter:
         return Counter(self.status(c, node) for c in self.checks)
 
 
-def build_matrix(results: list[Result], addresses: dict[str, str] | None = None,
-                 order: dict[str, int] | None = None,
-                 check_order: dict[str, tuple] | None = None) -> Matrix:
+def build_matrix(
+    results: list[Result],
+    addresses: dict[str, str] | None = None,
+    order: dict[str, int] | None = None,
+    check_order: dict[str, tuple] | None = None,
+) -> Matrix:
     addresses, order, check_order = addresses or {}, order or {}, check_order or {}
     cells: dict[tuple[str, str], Cell] = {}
     reasons: dict[str, Counter] = {}
@@ -306,16 +324,18 @@ def build_matrix(results: list[Result], addresses: dict[str, str] | None = None,
         cells.setdefault((r.check, r.node), Cell()).results.append(r)
         if r.ssh:
             address = (r.ssh_target or "").rsplit(":", 1)[0]
-            who = addresses.get(address) or (r.node if r.node != CLUSTER else None) \
-                or r.ssh_target or CLUSTER
+            who = addresses.get(address) or (r.node if r.node != CLUSTER else None) or r.ssh_target or CLUSTER
             reasons.setdefault(who, Counter())[(r.ssh, r.ssh_kind or "other")] += 1
     hosts = {r.node for r in results if r.node != CLUSTER} | (set(reasons) - {CLUSTER})
     nodes = sorted(hosts, key=lambda h: (h not in order, order.get(h, 0), _natural(h)))
     if any(r.node == CLUSTER for r in results):
         nodes.append(CLUSTER)
     checks = sorted({r.check for r in results}, key=lambda c: (check_order.get(c, ("~",)), c))
-    unreachable = {who: reasons[who].most_common(1)[0][0]
-                   for who in [*nodes, *sorted(set(reasons) - set(nodes))] if who in reasons}
+    unreachable = {
+        who: reasons[who].most_common(1)[0][0]
+        for who in [*nodes, *sorted(set(reasons) - set(nodes))]
+        if who in reasons
+    }
     return Matrix(checks, nodes, cells, unreachable)
 
 
@@ -341,23 +361,27 @@ def _md_code(text: str) -> str:
     return f"`{_md(text)}`"
 
 
-def render_markdown(m: Matrix, *, cluster: str | None, wall: float, exitstatus: int,
-                    finished: str, collect_errors: list[str]) -> str:
+def render_markdown(
+    m: Matrix, *, cluster: str | None, wall: float, exitstatus: int, finished: str, collect_errors: list[str]
+) -> str:
     red = m.red_cells()
     verdict = "ok" if exitstatus == 0 else "FAIL"
     out = ["# Verify matrix", ""]
     if cluster:
         out.append(f"- cluster: `{cluster}`")
     hosts = len([n for n in m.nodes if n != CLUSTER])
-    out += [f"- finished: {finished}, wall time {_duration(wall)}",
-            (f"- result: **{verdict}** (pytest exit status {exitstatus}): {len(m.checks)} checks "
-             f"on {hosts} nodes, {len(red)} red cells, {len(m.unreachable)} unreachable nodes"),
-            ""]
+    out += [
+        f"- finished: {finished}, wall time {_duration(wall)}",
+        (
+            f"- result: **{verdict}** (pytest exit status {exitstatus}): {len(m.checks)} checks "
+            f"on {hosts} nodes, {len(red)} red cells, {len(m.unreachable)} unreachable nodes"
+        ),
+        "",
+    ]
     if collect_errors:
         out += ["## Collection errors (no check ran from these)", ""]
         out += [f"- `{_md(e)}`" for e in collect_errors] + [""]
-    out += ["## Nodes", "", f"| node | status | {OK} | {FAIL} | {SSH} | {SKIP} | why |",
-            "|---" * 7 + "|"]
+    out += ["## Nodes", "", f"| node | status | {OK} | {FAIL} | {SSH} | {SKIP} | why |", "|---" * 7 + "|"]
     for node in m.nodes:
         counts = m.counts(node)
         failed = [c.rsplit("::", 1)[-1] for c in m.checks if m.status(c, node) == FAIL]
@@ -368,10 +392,19 @@ def render_markdown(m: Matrix, *, cluster: str | None, wall: float, exitstatus: 
             status, why = "**FAIL**", _list(failed, 5)
         else:
             status, why = "ok", ""
-        out.append(f"| {node} | {status} | {counts[OK]} | {counts[FAIL]} | {counts[SSH]} "
-                   f"| {counts[SKIP]} | {_md(why)} |")
-    out += ["", "## Checks x nodes", "", LEGEND, "",
-            "| check | " + " | ".join(m.nodes) + " |", "|---" * (len(m.nodes) + 1) + "|"]
+        out.append(
+            f"| {node} | {status} | {counts[OK]} | {counts[FAIL]} | {counts[SSH]} "
+            f"| {counts[SKIP]} | {_md(why)} |"
+        )
+    out += [
+        "",
+        "## Checks x nodes",
+        "",
+        LEGEND,
+        "",
+        "| check | " + " | ".join(m.nodes) + " |",
+        "|---" * (len(m.nodes) + 1) + "|",
+    ]
     for check in m.checks:
         cells = [m.status(check, n) for n in m.nodes]
         cells = [f"**{s}**" if s in (FAIL, SSH) else s for s in cells]
@@ -382,12 +415,16 @@ def render_markdown(m: Matrix, *, cluster: str | None, wall: float, exitstatus: 
     else:
         out += ["| check | node | symptom | first thing to do | seen |", "|---|---|---|---|---|"]
         for node, (reason, kind) in m.unreachable.items():
-            out.append(f"| (every check over SSH) | {node} | {_md(reason)} | "
-                       f"{_md(SSH_HINTS.get(kind, SSH_HINTS['other']))} | |")
+            out.append(
+                f"| (every check over SSH) | {node} | {_md(reason)} | "
+                f"{_md(SSH_HINTS.get(kind, SSH_HINTS['other']))} | |"
+            )
         for check, node, cell in red:
             hint = cell.hint(check, node if node != CLUSTER else "")
-            out.append(f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
-                       f"{'; '.join(_md_code(e) for e in cell.evidence())} |")
+            out.append(
+                f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
+                f"{'; '.join(_md_code(e) for e in cell.evidence())} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -396,7 +433,7 @@ def _short_names(nodes: list[str]) -> tuple[dict[str, str], str]:
     prefix is there, so that more node columns fit in a terminal."""
     hosts = [n for n in nodes if n != CLUSTER]
     prefix = os.path.commonprefix(hosts) if len(hosts) > 1 else ""
-    prefix = prefix[:max((prefix.rfind(c) for c in "-._"), default=-1) + 1]
+    prefix = prefix[: max((prefix.rfind(c) for c in "-._"), default=-1) + 1]
     names = {n: n.removeprefix(prefix) or n for n in hosts}
     names[CLUSTER] = "cluster"
     return names, prefix
@@ -421,9 +458,10 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
     if prefix:
         lines.append([(f"columns: node names without '{prefix}'", {"light": True})])
     for start in range(0, len(m.nodes), per_block):
-        block = m.nodes[start:start + per_block]
-        lines.append([(" " * label_w + "".join(titles[n].ljust(col_w) for n in block).rstrip(),
-                       {"bold": True})])
+        block = m.nodes[start : start + per_block]
+        lines.append(
+            [(" " * label_w + "".join(titles[n].ljust(col_w) for n in block).rstrip(), {"bold": True})]
+        )
         module = None
         for check in m.checks:
             mod = check.split("::", 1)[0] if "::" in check else ""
@@ -432,7 +470,7 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
                 lines.append([(mod, {"bold": True})])
             label = f"  {names[check]}"
             if len(label) >= label_w:
-                label = label[:label_w - 2] + "~"
+                label = label[: label_w - 2] + "~"
             row = [(label.ljust(label_w), {})]
             for node in block:
                 status = m.status(check, node)
@@ -448,9 +486,13 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
     for check, cells in by_check.items():
         nodes = [n for n, _ in cells]
         hint = cells[0][1].hint(check, _hint_nodes([n for n in nodes if n != CLUSTER]))
-        lines.append([("FAIL ", MARKUP[FAIL]),
-                      (f"{check.rsplit('::', 1)[-1]} on {_list(nodes)}: ", {"bold": True}),
-                      (hint.symptom, {})])
+        lines.append(
+            [
+                ("FAIL ", MARKUP[FAIL]),
+                (f"{check.rsplit('::', 1)[-1]} on {_list(nodes)}: ", {"bold": True}),
+                (hint.symptom, {}),
+            ]
+        )
         lines.append([(f"    first: {hint.action}", {})])
         seen: dict[str, list[str]] = {}  # the same evidence on many nodes is shown once
         for node, cell in cells:
@@ -506,17 +548,19 @@ class Recorder:
         if P_ORDER in props and P_NODE in props:
             self.order[props[P_NODE][0]] = int(props[P_ORDER][0])
         self.check_order.setdefault(check, (str(report.location[0]), report.location[1] or 0))
-        self.results.append(Result(
-            check=check,
-            node=(props.get(P_NODE) or [CLUSTER])[0],
-            peer=(props.get(P_PEER) or [None])[0],
-            outcome=outcome,
-            message=report_message(report) if outcome != OK else "",
-            ssh=(props.get(P_SSH) or [None])[0] if outcome == FAIL else None,
-            ssh_kind=(props.get(P_SSH_KIND) or [None])[0],
-            ssh_target=(props.get(P_SSH_TARGET) or [None])[0],
-            phase=report.when,
-        ))
+        self.results.append(
+            Result(
+                check=check,
+                node=(props.get(P_NODE) or [CLUSTER])[0],
+                peer=(props.get(P_PEER) or [None])[0],
+                outcome=outcome,
+                message=report_message(report) if outcome != OK else "",
+                ssh=(props.get(P_SSH) or [None])[0] if outcome == FAIL else None,
+                ssh_kind=(props.get(P_SSH_KIND) or [None])[0],
+                ssh_target=(props.get(P_SSH_TARGET) or [None])[0],
+                phase=report.when,
+            )
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
@@ -527,9 +571,16 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         finished = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         cluster = self.config.getoption("cluster", default=None)
-        self.path.write_text(render_markdown(
-            self.matrix, cluster=cluster, wall=self.wall, exitstatus=int(exitstatus),
-            finished=finished, collect_errors=self.collect_errors))
+        self.path.write_text(
+            render_markdown(
+                self.matrix,
+                cluster=cluster,
+                wall=self.wall,
+                exitstatus=int(exitstatus),
+                finished=finished,
+                collect_errors=self.collect_errors,
+            )
+        )
 
     # Outermost wrapper: prints after pytest's short test summary, right before its final line.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -552,7 +603,11 @@ class Recorder:
         red = len(m.red_cells())
         counts = Counter(m.status(c, n) for c in m.checks for n in m.nodes)
         tr.write_line(f"matrix: {self.path}")
-        tr.write_line(f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, "
-                      f"{counts[SKIP]} skip, {len(m.unreachable)} unreachable nodes",
-                      bold=True, red=bool(red or m.unreachable), green=not (red or m.unreachable))
+        tr.write_line(
+            f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, "
+            f"{counts[SKIP]} skip, {len(m.unreachable)} unreachable nodes",
+            bold=True,
+            red=bool(red or m.unreachable),
+            green=not (red or m.unreachable),
+        )
         return result

@@ -41,7 +41,8 @@ def _errors(node, host_of, cluster) -> dict[str, str]:
     """{peer name: error or ""} for every node's management and IPoIB name, from one command."""
     interface = cluster.network.ipoib.interface
     names = tuple(n.hostname for n in cluster.nodes) + tuple(
-        ib_name(n.hostname, interface) for n in cluster.nodes)
+        ib_name(n.hostname, interface) for n in cluster.nodes
+    )
     return _probe(host_of(node), names)
 
 

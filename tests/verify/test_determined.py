@@ -20,38 +20,129 @@ ANY = None  # a leaf, or a subtree this check does not descend into
 
 # Config (master/internal/config/config.go) with ResourceConfig inlined.
 KNOWN_MASTER = {
-    "config_file": ANY, "log": ANY, "tensorboard_timeout": ANY, "notebook_timeout": ANY,
-    "db": {k: ANY for k in ("user", "password", "migrations", "views_and_triggers", "host",
-                            "port", "name", "ssl_mode", "ssl_root_cert")},
-    "security": {k: ANY for k in ("default_task", "tls", "ssh", "authz", "token",
-                                  "initial_user_password")},
+    "config_file": ANY,
+    "log": ANY,
+    "tensorboard_timeout": ANY,
+    "notebook_timeout": ANY,
+    "db": {
+        k: ANY
+        for k in (
+            "user",
+            "password",
+            "migrations",
+            "views_and_triggers",
+            "host",
+            "port",
+            "name",
+            "ssl_mode",
+            "ssl_root_cert",
+        )
+    },
+    "security": {k: ANY for k in ("default_task", "tls", "ssh", "authz", "token", "initial_user_password")},
     # schemas/expconf/v0/s3.json (additionalProperties: false): there is no region.
-    "checkpoint_storage": {k: ANY for k in ("type", "bucket", "access_key", "secret_key",
-                                            "endpoint_url", "prefix", "save_experiment_best",
-                                            "save_trial_best", "save_trial_latest")},
+    "checkpoint_storage": {
+        k: ANY
+        for k in (
+            "type",
+            "bucket",
+            "access_key",
+            "secret_key",
+            "endpoint_url",
+            "prefix",
+            "save_experiment_best",
+            "save_trial_best",
+            "save_trial_latest",
+        )
+    },
     # master/pkg/model/task_container_defaults.go
-    "task_container_defaults": {k: ANY for k in (
-        "dtrain_network_interface", "nccl_port_range", "gloo_port_range", "shm_size_bytes",
-        "network_mode", "cpu_pod_spec", "gpu_pod_spec", "checkpoint_gc_pod_spec", "image",
-        "registry_auth", "force_pull_image", "environment_variables", "add_capabilities",
-        "drop_capabilities", "devices", "bind_mounts", "work_dir", "slurm", "pbs",
-        "startup_hook", "log_policies", "preemption_timeout", "kubernetes")},
-    "port": ANY, "root": ANY, "telemetry": ANY, "enable_cors": ANY, "launch_error": ANY,
-    "cluster_name": ANY, "ui_customization": ANY, "logging": ANY, "retention_policy": ANY,
-    "observability": ANY, "cache": ANY, "webhooks": ANY, "feature_switches": ANY,
-    "reserved_ports": ANY, "resource_manager": ANY, "resource_pools": ANY,
-    "additional_resource_managers": ANY, "__internal": ANY, "scim": ANY, "saml": ANY,
-    "oidc": ANY, "det_cloud": ANY, "integrations": ANY,
+    "task_container_defaults": {
+        k: ANY
+        for k in (
+            "dtrain_network_interface",
+            "nccl_port_range",
+            "gloo_port_range",
+            "shm_size_bytes",
+            "network_mode",
+            "cpu_pod_spec",
+            "gpu_pod_spec",
+            "checkpoint_gc_pod_spec",
+            "image",
+            "registry_auth",
+            "force_pull_image",
+            "environment_variables",
+            "add_capabilities",
+            "drop_capabilities",
+            "devices",
+            "bind_mounts",
+            "work_dir",
+            "slurm",
+            "pbs",
+            "startup_hook",
+            "log_policies",
+            "preemption_timeout",
+            "kubernetes",
+        )
+    },
+    "port": ANY,
+    "root": ANY,
+    "telemetry": ANY,
+    "enable_cors": ANY,
+    "launch_error": ANY,
+    "cluster_name": ANY,
+    "ui_customization": ANY,
+    "logging": ANY,
+    "retention_policy": ANY,
+    "observability": ANY,
+    "cache": ANY,
+    "webhooks": ANY,
+    "feature_switches": ANY,
+    "reserved_ports": ANY,
+    "resource_manager": ANY,
+    "resource_pools": ANY,
+    "additional_resource_managers": ANY,
+    "__internal": ANY,
+    "scim": ANY,
+    "saml": ANY,
+    "oidc": ANY,
+    "det_cloud": ANY,
+    "integrations": ANY,
 }
 
 # Options (agent/internal/options/options.go)
-KNOWN_AGENT = {k: ANY for k in (
-    "config_file", "log", "master_host", "master_port", "agent_id", "resource_pool",
-    "container_master_host", "container_master_port", "slot_type", "visible_gpus", "security",
-    "debug", "artificial_slots", "tls", "tls_cert", "tls_key", "api_enabled", "bind_ip",
-    "bind_port", "http_proxy", "https_proxy", "ftp_proxy", "no_proxy",
-    "agent_reconnect_attempts", "agent_reconnect_backoff", "container_runtime",
-    "container_auto_remove_disabled", "hooks", "fluent")}
+KNOWN_AGENT = {
+    k: ANY
+    for k in (
+        "config_file",
+        "log",
+        "master_host",
+        "master_port",
+        "agent_id",
+        "resource_pool",
+        "container_master_host",
+        "container_master_port",
+        "slot_type",
+        "visible_gpus",
+        "security",
+        "debug",
+        "artificial_slots",
+        "tls",
+        "tls_cert",
+        "tls_key",
+        "api_enabled",
+        "bind_ip",
+        "bind_port",
+        "http_proxy",
+        "https_proxy",
+        "ftp_proxy",
+        "no_proxy",
+        "agent_reconnect_attempts",
+        "agent_reconnect_backoff",
+        "container_runtime",
+        "container_auto_remove_disabled",
+        "hooks",
+        "fluent",
+    )
+}
 
 
 def unknown_keys(document, known, path="") -> list[str]:
@@ -74,9 +165,11 @@ def _read_yaml(host, path: str) -> dict:
 
 # --- PostgreSQL ---------------------------------------------------------------------------
 
+
 def _psql(host, cluster, sql: str) -> str:
-    return host.check_output(f"cd / && runuser -u postgres -- psql -X -p {cluster.database.port} "
-                             f"-Atc \"{sql}\"")
+    return host.check_output(
+        f'cd / && runuser -u postgres -- psql -X -p {cluster.database.port} -Atc "{sql}"'
+    )
 
 
 def test_postgresql_version_and_connections(master, host_of, cluster):
@@ -103,6 +196,7 @@ def test_database_role_password_is_the_configured_one(master, host_of, cluster):
 
 # --- master -------------------------------------------------------------------------------
 
+
 def test_master_service(master, host_of):
     service = host_of(master).service("determined-master")
     assert service.is_enabled and service.is_running
@@ -110,13 +204,13 @@ def test_master_service(master, host_of):
 
 def test_master_health_from_controller(cluster):
     status, _ = _http(f"{_master_url(cluster)}/health")
-    assert status == 200, (f"GET /health -> {status}; journalctl -u determined-master on "
-                           f"{cluster.master_host}")
+    assert status == 200, f"GET /health -> {status}; journalctl -u determined-master on {cluster.master_host}"
 
 
 def test_master_health_on_node(master, host_of, cluster):
     code = host_of(master).check_output(
-        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.master_port}/health")
+        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.master_port}/health"
+    )
     assert code == "200"
 
 
@@ -129,15 +223,19 @@ def test_master_yaml(master, host_of, cluster):
     assert storage["type"] == "s3" and storage["bucket"] == cluster.storage.bucket
     assert not storage["endpoint_url"].endswith("/")
     assert config["task_container_defaults"]["environment_variables"] == [
-        f"AWS_DEFAULT_REGION={cluster.storage.region}"]
+        f"AWS_DEFAULT_REGION={cluster.storage.region}"
+    ]
     # The keys Determined's trial containers use are the ones the master's service has.
     env = parse_env_file(h.file("/etc/determined/master-s3.env").content_string)
-    same = (storage["access_key"] == env["AWS_ACCESS_KEY_ID"]
-            and storage["secret_key"] == env["AWS_SECRET_ACCESS_KEY"])
+    same = (
+        storage["access_key"] == env["AWS_ACCESS_KEY_ID"]
+        and storage["secret_key"] == env["AWS_SECRET_ACCESS_KEY"]
+    )
     assert same, "checkpoint_storage keys in master.yaml differ from master-s3.env"
 
 
 # --- agents -------------------------------------------------------------------------------
+
 
 def test_docker_with_nvidia_runtime(agent, host_of):
     h = host_of(agent)
@@ -170,8 +268,11 @@ def test_agent_service(agent, host_of):
     from tests.verify.test_topology_agents import domain_config_paths
 
     h = host_of(agent)
-    units = (["determined-agent"] if agent.agent_layout == "per_node" else
-             [f"determined-agent@{i}" for i in sorted(domain_config_paths(h), key=int)])
+    units = (
+        ["determined-agent"]
+        if agent.agent_layout == "per_node"
+        else [f"determined-agent@{i}" for i in sorted(domain_config_paths(h), key=int)]
+    )
     assert units, "no per-domain agent configuration on a per_domain node"
     for unit in units:
         service = h.service(unit)
@@ -182,17 +283,20 @@ def test_agent_reaches_master_port(agent, host_of, cluster):
     # By name, as the agent does: /etc/hosts resolution and the port in one go.
     target = f"/dev/tcp/{cluster.master_host}/{cluster.master_port}"
     result = host_of(agent).run(f"timeout 5 bash -c ': < {target}'")
-    assert result.rc == 0, f"{agent.hostname} cannot connect to {cluster.master_host}:" \
-                           f"{cluster.master_port}: {result.stderr.strip()}"
+    assert result.rc == 0, (
+        f"{agent.hostname} cannot connect to {cluster.master_host}:"
+        f"{cluster.master_port}: {result.stderr.strip()}"
+    )
 
 
 def test_agent_registered_with_its_slots(agent, registered_agents):
     # Disabled agents are ones stopped within agent_reconnect_wait (25 s): the master still
     # lists them after a layout change; they offer nothing.
-    mine = {i: a for i, a in _agents_of(agent, registered_agents).items()
-            if a.get("enabled", True)}
-    assert mine, (f"{agent.hostname} has no enabled agent (have: {sorted(registered_agents)}); "
-                  f"journalctl -u 'determined-agent*' on {agent.hostname}")
+    mine = {i: a for i, a in _agents_of(agent, registered_agents).items() if a.get("enabled", True)}
+    assert mine, (
+        f"{agent.hostname} has no enabled agent (have: {sorted(registered_agents)}); "
+        f"journalctl -u 'determined-agent*' on {agent.hostname}"
+    )
     if agent.agent_layout == "per_node":
         assert sorted(mine) == [agent.hostname]
     # slots is the node's GPU count: per_domain agents share it out, one domain each.

@@ -27,9 +27,7 @@ NCCL_VERSION = (
 
 
 def test_driver_version_on_every_gpu(agent, host_of, cluster):
-    out = host_of(agent).check_output(
-        "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits"
-    )
+    out = host_of(agent).check_output("nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits")
     versions = [line.strip() for line in out.splitlines() if line.strip()]
     assert versions, "nvidia-smi lists no GPU"
     assert set(versions) == {cluster.versions.nvidia_driver}, versions
@@ -61,9 +59,11 @@ def test_nvcc_release(agent, host_of, cluster):
 
 def test_login_shell_finds_cuda(agent, host_of, cluster):
     home = cuda_home(cluster.versions.cuda)
-    out = host_of(agent).check_output(
-        "bash -lc " + shlex.quote('command -v nvcc; echo "$LD_LIBRARY_PATH"')
-    ).splitlines()
+    out = (
+        host_of(agent)
+        .check_output("bash -lc " + shlex.quote('command -v nvcc; echo "$LD_LIBRARY_PATH"'))
+        .splitlines()
+    )
     assert out[0] == f"{home}/bin/nvcc"
     assert f"{home}/lib64" in out[1].split(":")
 
@@ -93,8 +93,11 @@ def test_apt_candidate_is_the_pin(agent, host_of, cluster):
     for pinset in all_pins(cluster.versions):
         names = " ".join(p for p, _ in pinset.packages)
         policy = h.check_output(f"LC_ALL=C apt-cache policy {names}")
-        candidates = [line.split(":", 1)[1].strip() for line in policy.splitlines()
-                      if line.strip().startswith("Candidate:")]
+        candidates = [
+            line.split(":", 1)[1].strip()
+            for line in policy.splitlines()
+            if line.strip().startswith("Candidate:")
+        ]
         assert candidates == [v for _, v in pinset.packages], policy
 
 

@@ -46,7 +46,8 @@ def test_etc_hosts_maps_every_node(node, host_of, cluster):
     resolved = ipv4_of(host_of(node), list(expected))
     wrong = {name: got for name, got in resolved.items() if got != expected[name]}
     assert not wrong, "resolved differently from cluster.yaml: " + ", ".join(
-        f"{name} -> {got or 'nothing'} (expected {expected[name][0]})" for name, got in wrong.items())
+        f"{name} -> {got or 'nothing'} (expected {expected[name][0]})" for name, got in wrong.items()
+    )
 
 
 def test_ipoib_interface_static_and_up(node, host_of, cluster):

@@ -73,8 +73,7 @@ def test_minio_ready_from_controller(storage, cluster):
 
 def test_minio_ready_on_node(storage, host_of, cluster):
     code = host_of(storage).check_output(
-        "curl -s -o /dev/null -w '%{http_code}' "
-        f"http://127.0.0.1:{cluster.storage.port}/minio/health/ready"
+        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.storage.port}/minio/health/ready"
     )
     assert code == "200"
 
@@ -101,13 +100,13 @@ def master_s3_env(cluster, host_of):
 
 
 def _client(cluster, access_key, secret_key, region) -> Minio:
-    return Minio(s3.endpoint(cluster), access_key=access_key, secret_key=secret_key,
-                 region=region, secure=False)
+    return Minio(
+        s3.endpoint(cluster), access_key=access_key, secret_key=secret_key, region=region, secure=False
+    )
 
 
 def test_master_env_has_region_and_keys(master_s3_env, cluster, host_of):
-    assert sorted(master_s3_env) == ["AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION",
-                                     "AWS_SECRET_ACCESS_KEY"]
+    assert sorted(master_s3_env) == ["AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION", "AWS_SECRET_ACCESS_KEY"]
     assert master_s3_env["AWS_DEFAULT_REGION"] == cluster.storage.region
     # The master downloads checkpoints with the AWS default credential chain: the variables
     # must be in the running process, not only in the file. Only names and the region shown.
@@ -116,13 +115,19 @@ def test_master_env_has_region_and_keys(master_s3_env, cluster, host_of):
     lines = h.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ | grep '^AWS_' || true")
     process = dict(line.split("=", 1) for line in lines.splitlines() if "=" in line)
     same = all(process.get(k) == v for k, v in master_s3_env.items())
-    assert same, f"determined-master (pid {pid}) runs without master-s3.env's values " \
-                 f"(it has {sorted(process)}): restart it"
+    assert same, (
+        f"determined-master (pid {pid}) runs without master-s3.env's values "
+        f"(it has {sorted(process)}): restart it"
+    )
 
 
 def test_master_credentials_write_and_read(master_s3_env, cluster):
-    client = _client(cluster, master_s3_env["AWS_ACCESS_KEY_ID"],
-                     master_s3_env["AWS_SECRET_ACCESS_KEY"], master_s3_env["AWS_DEFAULT_REGION"])
+    client = _client(
+        cluster,
+        master_s3_env["AWS_ACCESS_KEY_ID"],
+        master_s3_env["AWS_SECRET_ACCESS_KEY"],
+        master_s3_env["AWS_DEFAULT_REGION"],
+    )
     prefix = (cluster.storage.prefix or "").strip("/")
     key = "/".join(p for p in (prefix, "verify", f"{uuid.uuid4().hex}.txt") if p)
     payload = f"written by tests/verify/test_storage.py as {key}".encode()
@@ -144,9 +149,12 @@ def test_master_credentials_write_and_read(master_s3_env, cluster):
 
 
 def test_wrong_secret_refused(master_s3_env, cluster):
-    client = _client(cluster, master_s3_env["AWS_ACCESS_KEY_ID"],
-                     master_s3_env["AWS_SECRET_ACCESS_KEY"] + "-wrong",
-                     master_s3_env["AWS_DEFAULT_REGION"])
+    client = _client(
+        cluster,
+        master_s3_env["AWS_ACCESS_KEY_ID"],
+        master_s3_env["AWS_SECRET_ACCESS_KEY"] + "-wrong",
+        master_s3_env["AWS_DEFAULT_REGION"],
+    )
     with pytest.raises(S3Error) as refused:
         client.bucket_exists(cluster.storage.bucket)
     assert refused.value.code in ("SignatureDoesNotMatch", "AccessDenied", "InvalidAccessKeyId")

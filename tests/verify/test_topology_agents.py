@@ -27,18 +27,17 @@ _DOMAIN_CONFIG = re.compile(r"^/etc/determined/agent-([0-9]+)\.yaml$")
 
 # --- what a node has and should have ---------------------------------------------------------
 
+
 def node_domains(host) -> list[tuple[int, ...]]:
     """The node's NVLink domains from its own `nvidia-smi topo -m`."""
     topology = parse_topo(host.run("nvidia-smi topo -m").stdout)
-    assert topology.status == OK, (
-        f"nvidia-smi topo -m gave no matrix ({topology.status}: {topology.detail})")
+    assert topology.status == OK, f"nvidia-smi topo -m gave no matrix ({topology.status}: {topology.detail})"
     return domains(topology)
 
 
 def expected_agents(host, node) -> dict[str, int]:
     """{agent_id: slots} the node should register, by its layout and its measured domains."""
-    return {a.agent_id: a.slots for a in agent_plan(node.hostname, node_domains(host),
-                                                      node.agent_layout)}
+    return {a.agent_id: a.slots for a in agent_plan(node.hostname, node_domains(host), node.agent_layout)}
 
 
 def domain_config_paths(host) -> dict[str, str]:
@@ -52,8 +51,7 @@ def agent_configs(host, node) -> dict[str, dict]:
     if node.agent_layout == "per_node":
         paths = [AGENT_YAML]
     else:
-        paths = [domain_config_paths(host)[i]
-                 for i in sorted(domain_config_paths(host), key=int)]
+        paths = [domain_config_paths(host)[i] for i in sorted(domain_config_paths(host), key=int)]
     return {p: yaml.safe_load(host.file(p).content_string) or {} for p in paths}
 
 
@@ -65,8 +63,11 @@ def expected_agent_id(node, path: str) -> str:
 def units_up(host, pattern: str) -> list[str]:
     """Loaded units matching `pattern` that run or are about to (Restart= pending)."""
     out = host.run(f"systemctl list-units --all --plain --no-legend --no-pager '{pattern}'")
-    return sorted(line.split()[0] for line in out.stdout.splitlines()
-                  if line.split() and line.split()[2] in ("active", "activating", "reloading"))
+    return sorted(
+        line.split()[0]
+        for line in out.stdout.splitlines()
+        if line.split() and line.split()[2] in ("active", "activating", "reloading")
+    )
 
 
 def units_enabled(host, pattern: str) -> list[str]:
@@ -76,11 +77,13 @@ def units_enabled(host, pattern: str) -> list[str]:
 
 def belongs_to(agent_id: str, node) -> bool:
     """An id the deploy gives one of this node's agents: hostname or hostname-<i>."""
-    return agent_id == node.hostname or re.fullmatch(
-        re.escape(node.hostname) + r"-[0-9]+", agent_id) is not None
+    return (
+        agent_id == node.hostname or re.fullmatch(re.escape(node.hostname) + r"-[0-9]+", agent_id) is not None
+    )
 
 
 # --- the master's view -----------------------------------------------------------------------
+
 
 def _enabled(agents: list[dict]) -> dict[str, int]:
     return {a["id"]: _slot_count(a.get("slots")) for a in agents if a.get("enabled", True)}
@@ -98,13 +101,15 @@ def enabled_agents(registered_agents):
 
 # --- checks ----------------------------------------------------------------------------------
 
+
 def test_agents_registered_with_domain_slots(agent, host_of, enabled_agents):
     """Exactly the node's planned agents are enabled in the master, each with its slots."""
     expected = expected_agents(host_of(agent), agent)
     registered = {i: s for i, s in enabled_agents.items() if belongs_to(i, agent)}
     assert registered == expected, (
         f"{agent.hostname} ({agent.agent_layout}): enabled agents {registered}, expected "
-        f"{expected} from nvidia-smi topo -m")
+        f"{expected} from nvidia-smi topo -m"
+    )
 
 
 def test_agent_configs_cover_each_gpu_once(agent, host_of):
@@ -125,11 +130,12 @@ def test_agent_configs_cover_each_gpu_once(agent, host_of):
             offered[path] = tuple(sorted(int(g) for g in str(visible).split(",")))
     gpus = sorted(g for gs in offered.values() for g in gs)
     assert gpus == every, (
-        f"{agent.hostname}: GPUs offered by the agents {offered} must cover {every} once each")
+        f"{agent.hostname}: GPUs offered by the agents {offered} must cover {every} once each"
+    )
     if agent.agent_layout == "per_domain":
         assert sorted(offered.values()) == sorted(found), (
-            f"{agent.hostname}: agent GPU sets {sorted(offered.values())} are not the NVLink "
-            f"domains {found}")
+            f"{agent.hostname}: agent GPU sets {sorted(offered.values())} are not the NVLink domains {found}"
+        )
 
 
 def test_agent_units_match_layout(agent, host_of):
@@ -142,12 +148,13 @@ def test_agent_units_match_layout(agent, host_of):
     if agent.agent_layout == "per_node":
         assert plain.is_enabled and plain.is_running, f"{PLAIN_UNIT} not enabled and running"
         assert (instances_up, instances_enabled) == ([], []), (
-            f"per-domain agents left on a per_node node: running {instances_up}, "
-            f"enabled {instances_enabled}")
+            f"per-domain agents left on a per_node node: running {instances_up}, enabled {instances_enabled}"
+        )
         assert domain_config_paths(h) == {}, "per-domain agent configs left behind"
         return
     assert not plain.is_enabled and not plain.is_running, (
-        f"{PLAIN_UNIT} must be stopped and disabled on a per_domain node")
+        f"{PLAIN_UNIT} must be stopped and disabled on a per_domain node"
+    )
     wanted = sorted(f"determined-agent@{i}.service" for i in domain_config_paths(h))
     assert wanted, "no /etc/determined/agent-<i>.yaml on a per_domain node"
     assert instances_enabled == wanted, f"enabled {instances_enabled}, configs for {wanted}"

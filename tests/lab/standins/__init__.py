@@ -35,9 +35,7 @@ def render(text: str, **subs: str) -> str:
     missing = found - subs.keys()
     unused = subs.keys() - found
     if missing or unused:
-        raise StandinBuildError(
-            f"template tokens: missing {sorted(missing)}, unused {sorted(unused)}"
-        )
+        raise StandinBuildError(f"template tokens: missing {sorted(missing)}, unused {sorted(unused)}")
     return _TOKEN.sub(lambda m: subs[m.group(1)], text)
 
 
@@ -47,9 +45,7 @@ def render_from(text: str, subs: dict[str, str]) -> str:
     return render(text, **{k: v for k, v in subs.items() if k in used})
 
 
-def compile_shared_library(
-    c_source: str, soname: str, *, defines: dict[str, str] | None = None
-) -> bytes:
+def compile_shared_library(c_source: str, soname: str, *, defines: dict[str, str] | None = None) -> bytes:
     """Compile C text into a stripped shared library and return its bytes.
 
     Built in a throwaway directory with a fixed relative file name, stripped, and with a

@@ -119,10 +119,7 @@ def build_debs(ctx, out_dir: Path) -> list[Path]:
             out_dir,
             "infiniband-diags",
             DIAGS_VERSION,
-            {
-                f"/usr/sbin/{tool}": _script("ib_diags.py")
-                for tool in ("ibstat", "ibstatus", "iblinkinfo")
-            },
+            {f"/usr/sbin/{tool}": _script("ib_diags.py") for tool in ("ibstat", "ibstatus", "iblinkinfo")},
             depends=["python3"],
             description=f"InfiniBand diagnostic programs{NOTE}",
             maintainer=MAINTAINER,
@@ -137,9 +134,7 @@ def build(ctx) -> None:
     deb_members = {f"DEBS/{d.name}": (d.read_bytes(), 0o644) for d in debs}
     for distro, kernel in DISTROS.items():
         top = f"MLNX_OFED_LINUX-{OFED_VERSION}-{distro}-x86_64"
-        installer = _script(
-            "mlnxofedinstall.py", {"DISTRO": distro, "SUPPORTED_KERNELS": kernel}
-        )
+        installer = _script("mlnxofedinstall.py", {"DISTRO": distro, "SUPPORTED_KERNELS": kernel})
         members = {
             "mlnxofedinstall": installer,
             "uninstall.sh": _script("uninstall.sh"),

@@ -94,9 +94,15 @@ def ibstat(args):
     if len(args) > 1 and args[1] != "1":
         sys.stderr.write(f"ibpanic: [{os.getpid()}] main: {CA}: can't find port {args[1]}\n")
         return 255
-    out = [f"CA '{CA}'", "\tCA type: MT4123", "\tNumber of ports: 1",
-           f"\tFirmware version: {FIRMWARE}", "\tHardware version: 0",
-           f"\tNode GUID: {p['guid']}", f"\tSystem image GUID: {p['guid']}"]
+    out = [
+        f"CA '{CA}'",
+        "\tCA type: MT4123",
+        "\tNumber of ports: 1",
+        f"\tFirmware version: {FIRMWARE}",
+        "\tHardware version: 0",
+        f"\tNode GUID: {p['guid']}",
+        f"\tSystem image GUID: {p['guid']}",
+    ]
     if short:
         out = out[:4]
     port_lines = [
@@ -129,8 +135,9 @@ def ibstatus(args):
     if p is None:
         return no_device("ibstatus")
     if args and args[0] != CA:
-        sys.stderr.write(f"Fatal error:  device '{args[0]}': sys files not found "
-                         f"(/sys/class/infiniband/{args[0]}/ports)\n")
+        sys.stderr.write(
+            f"Fatal error:  device '{args[0]}': sys files not found (/sys/class/infiniband/{args[0]}/ports)\n"
+        )
         return 1
     rate = "200 Gb/sec (4X HDR)" if p["state"] == "Active" else "10 Gb/sec (4X SDR)"
     print(f"Infiniband device '{CA}' port 1 status:")
@@ -156,11 +163,15 @@ def iblinkinfo(args):
         return no_device("iblinkinfo")
     print(f"CA: {hostname()} {CA}:")
     if p["state"] == "Active":
-        print(f"      {p['guid']} {p['lid']:>6}    1[  ] ==( 4X      50.0 Gbps Active/  LinkUp)==>"
-              '       1    1[  ] "MF0;lab-ib-switch:MQM8700/U1" ( )')
+        print(
+            f"      {p['guid']} {p['lid']:>6}    1[  ] ==( 4X      50.0 Gbps Active/  LinkUp)==>"
+            '       1    1[  ] "MF0;lab-ib-switch:MQM8700/U1" ( )'
+        )
     else:
-        print(f"      {p['guid']} {p['lid']:>6}    1[  ] ==(                "
-              f"Down/{p['phys']:>8})==>             [  ] \"\" ( )")
+        print(
+            f"      {p['guid']} {p['lid']:>6}    1[  ] ==(                "
+            f'Down/{p["phys"]:>8})==>             [  ] "" ( )'
+        )
     return 0
 
 

@@ -165,18 +165,26 @@ def main(argv):
         )
         return EXIT_NO_SPACE
 
-    logs = os.path.join(opts.get("--tmpdir", os.path.join(ROOT, "tmp")), f"MLNX_OFED_LINUX.{os.getpid()}.logs")
+    logs = os.path.join(
+        opts.get("--tmpdir", os.path.join(ROOT, "tmp")), f"MLNX_OFED_LINUX.{os.getpid()}.logs"
+    )
     os.makedirs(logs, exist_ok=True)
     say(opts, f"Logs dir: {logs}")
     say(opts, f"General log file: {logs}/general.log")
 
     if rebuild:
-        say(opts, f"Note: This program will create MLNX_OFED_LINUX TGZ for {DISTRO} under "
-                  f"/tmp/MLNX_OFED_LINUX-{OFED_VERSION}-{kernel} directory.")
+        say(
+            opts,
+            f"Note: This program will create MLNX_OFED_LINUX TGZ for {DISTRO} under "
+            f"/tmp/MLNX_OFED_LINUX-{OFED_VERSION}-{kernel} directory.",
+        )
         say(opts, "Checking if all needed packages are installed...")
         say(opts, "Building MLNX_OFED_LINUX DEBS . Please wait...")
-        say(opts, f"Created /tmp/MLNX_OFED_LINUX-{OFED_VERSION}-{kernel}/"
-                  f"MLNX_OFED_LINUX-{OFED_VERSION}-{DISTRO}-ext.tgz")
+        say(
+            opts,
+            f"Created /tmp/MLNX_OFED_LINUX-{OFED_VERSION}-{kernel}/"
+            f"MLNX_OFED_LINUX-{OFED_VERSION}-{DISTRO}-ext.tgz",
+        )
         say(opts, "(lab stand-in: the prebuilt DEBS are used for this kernel)")
 
     debs = sorted(glob.glob(os.path.join(HERE, "DEBS", "*.deb")))
@@ -195,18 +203,15 @@ def main(argv):
     missing = [p for p in PREREQUISITES if not installed(p)]
     if missing:
         print("One or more required packages for installing MLNX_OFED_LINUX are missing.")
-        print("Please install the missing packages using your Linux distribution "
-              "Package Management tool.")
+        print("Please install the missing packages using your Linux distribution Package Management tool.")
         print("Run:")
         print(f"apt-get install {' '.join(missing)}")
         return EXIT_PREREQUISITES
 
     if "--force" not in opts:
         print("This program will install the MLNX_OFED_LINUX package on your machine.")
-        print("Note that all other Mellanox, OEM, OFED, RDMA or Distribution IB packages "
-              "will be removed.")
-        print("Those packages are removed due to conflicts with MLNX_OFED_LINUX, "
-              "do not reinstall them.")
+        print("Note that all other Mellanox, OEM, OFED, RDMA or Distribution IB packages will be removed.")
+        print("Those packages are removed due to conflicts with MLNX_OFED_LINUX, do not reinstall them.")
         print()
         sys.stdout.write("Do you want to continue?[y/N]:")
         sys.stdout.flush()

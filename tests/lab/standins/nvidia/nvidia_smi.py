@@ -170,8 +170,7 @@ def normalise(raw, where):
                 "name": g["name"],
                 "bus_id": bus,
                 "memory_mib": int(g.get("memory_mib") or memory_for(g["name"])),
-                "uuid": g.get("uuid")
-                or "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{i}.dtlab")),
+                "uuid": g.get("uuid") or "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{i}.dtlab")),
                 "cpu_affinity": str(g.get("cpu_affinity", "N/A")),
                 "numa_affinity": str(g.get("numa_affinity", "N/A")),
             }
@@ -240,8 +239,7 @@ def table(topo):
     for g in topo["gpus"]:
         m = gpu_metrics(g)
         lines.append(
-            f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} "
-            f"| {g['bus_id']:<16} Off | {'0':>20} |"
+            f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} | {g['bus_id']:<16} Off | {'0':>20} |"
         )
         lines.append(
             f"| N/A   {m['temp']:>2}C    P0   {m['power']:>3}W / {m['cap']:>3}W "
