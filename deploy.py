@@ -2,10 +2,9 @@
 
 from pyinfra import host, state
 
-from deploy import factcache, sshtuning, summary
+from deploy import pyinfra_ext, summary
 from deploy.site import run
 
-sshtuning.install(host)
-factcache.install(state)
+pyinfra_ext.install(state, host)  # fact cache, TCP_NODELAY, SSH-loss containment (tested pyinfra only)
 summary.install(state)
 run()

@@ -1,7 +1,7 @@
 """The pinned GPU and fabric stack: versions from cluster.yaml -> exact package strings.
 
 Everything here is pure (no pyinfra, no I/O) so the mapping can be unit tested. The rules
-follow NVIDIA's CUDA apt repository and Mellanox' naming (see /work/shared/notes/facts.md):
+follow how NVIDIA's CUDA apt repository and Mellanox name their packages and releases:
 
 - driver 515.65.01: the meta package `cuda-drivers-515=515.65.01-1`; the packages under it
   carry `515.65.01-0ubuntu1`. Ubuntu's own archive ships the same driver as

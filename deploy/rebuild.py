@@ -131,9 +131,13 @@ def cluster_of(inventory: Path) -> Cluster:
     for value in namespace.values():
         if isinstance(value, list):
             for entry in value:
-                if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], dict):
-                    if isinstance(entry[1].get("cluster"), Cluster):
-                        return entry[1]["cluster"]
+                if (
+                    isinstance(entry, tuple)
+                    and len(entry) == 2
+                    and isinstance(entry[1], dict)
+                    and isinstance(entry[1].get("cluster"), Cluster)
+                ):
+                    return entry[1]["cluster"]
     raise SystemExit(f"{inventory}: not an inventory built by deploy.inventory.groups()")
 
 
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv_ = pyinfra_argv(inventory, node.hostname, extra)
     say(f"deploying {node.hostname}: {' '.join(argv_)}")
-    rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL).returncode
+    rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL, check=False).returncode
     if rc != 0:
         say(
             f"the deploy of {node.hostname} failed (exit status {rc})"

@@ -3,7 +3,8 @@
 The deploy (roles/minio.py) and the checks (tests/verify/test_storage.py) both talk to MinIO
 from the controller, at the storage node's management address, signing every request for
 `storage.region`: a request signed for another region than MinIO's site region is refused,
-which is exactly the mismatch the article's pitfall 2 is about.
+which is the "MinIO region" pitfall: clients sign for us-east-1 by default, and a mismatch
+with the server's region fails every checkpoint upload.
 
 Messages never contain a key: S3Error text names the bucket and the error code only.
 """

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,21 +109,48 @@ def parse_reference(raw: object) -> SecretRef:
     ((kind, target),) = raw.items()
     if not isinstance(target, str) or not target:
         raise SecretError(f"{kind} must be a non-empty string: {HOW_TO_REFERENCE}")
-    if kind == "env" and not _ENV_NAME.match(target):
+    if kind == "env" and not _ENV_NAME.fullmatch(target):
         raise SecretError("not a valid environment variable name")
     if kind == "file" and not os.path.isabs(target):
         raise SecretError("the secret file must be an absolute path")
     return SecretRef(kind, target)
 
 
+def _content_problem(text: str) -> str | None:
+    """What is wrong with a secret's text (after its trailing line breaks), never the text."""
+    if not text.strip():
+        return "is empty"
+    for c in text:
+        if c in "\r\n\u2028\u2029\x85":
+            return "holds a line break inside the secret (only trailing ones are dropped)"
+        if unicodedata.category(c) in ("Cc", "Cf"):
+            # Tabs, escapes, NULs: they break env files, config files and terminals.
+            return "holds a control character (a tab, escape or NUL, ...)"
+    return None
+
+
+def _strip_line_ends(text: str) -> str:
+    """`echo secret > file` adds a newline, editors add one or more: they are not the secret."""
+    while text.endswith("\n"):
+        text = text[:-1].removesuffix("\r")
+    return text
+
+
 def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
-    """Read the secret a reference points at. Raises SecretError (message without the value)."""
+    """Read the secret a reference points at. Raises SecretError (message without the value).
+
+    Trailing line breaks (\\n, \\r\\n) are dropped; a line break or control character inside the
+    secret is refused here rather than when the deploy writes it into an environment file.
+    A file must be readable by its owner only: `chmod 600 FILE`.
+    """
     if ref.kind == "env":
         value = os.environ.get(ref.target)
         if value is None:
             raise SecretError(f"environment variable {ref.target} is not set")
-        if not value.strip():
-            raise SecretError(f"environment variable {ref.target} is empty")
+        value = _strip_line_ends(value)
+        problem = _content_problem(value)
+        if problem:
+            raise SecretError(f"environment variable {ref.target} {problem}")
         return value
 
     path = Path(ref.target)
@@ -133,6 +162,11 @@ def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
             raise SecretError("the file does not exist")
         if not path.is_file():
             raise SecretError("not a regular file")
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o066:
+            raise SecretError(
+                f"the file is readable or writable by group or others (mode {mode:04o}): chmod 600 {path}"
+            )
         data = path.read_bytes()
     except PermissionError:
         raise SecretError("the file cannot be read (permission denied)") from None
@@ -142,10 +176,8 @@ def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise SecretError("the file is not UTF-8 text") from None
-    # `echo secret > file` adds one newline; it is not part of the secret.
-    if text.endswith("\n"):
-        text = text[:-1]
-        text = text.removesuffix("\r")
-    if not text.strip():
-        raise SecretError("the file is empty")
+    text = _strip_line_ends(text)
+    problem = _content_problem(text)
+    if problem:
+        raise SecretError(f"the file {problem}")
     return text

@@ -1,15 +1,19 @@
 """The ordered plan: the article's checklist, one role per line.
 
-Each host runs its roles in this order. pyinfra does not order one host's operations
-against another's (it runs them in rounds by position), so where a role depends on another
-host a barrier says so: an operation every host calls from the same line is one shared
-step that all hosts reach before any goes past it. Reordering or skipping a role is moving
-or deleting its line.
+Each host runs its roles in this order, each role given the cluster model and this host's
+node (read once from the host data deploy/inventory.py puts there). pyinfra does not order one
+host's operations against another's (it runs them in rounds by position), so where a role
+depends on another host a barrier says so: an operation every host calls from the same line
+is one shared step that all hosts reach before any goes past it. Reordering or skipping a role
+is moving or deleting its line.
 """
+
+from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import operation
 
+from deploy.cluster import Cluster, Node
 from roles import (
     apt_proxy,
     cuda,
@@ -37,29 +41,31 @@ def barrier(reason: str):
 
 
 def run() -> None:
-    roles = host.data.node.roles
-    preflight.apply()
-    apt_proxy.apply()
-    hosts.apply()
-    ipoib.apply()
-    firewall.apply()
+    cluster: Cluster = host.data.cluster
+    node: Node = host.data.node
+    roles = node.roles
+    preflight.apply(cluster=cluster, node=node)
+    apt_proxy.apply(cluster=cluster, node=node)
+    hosts.apply(cluster=cluster, node=node)
+    ipoib.apply(cluster=cluster, node=node)
+    firewall.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        nvidia_driver.apply()
+        nvidia_driver.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        cuda.apply()
+        cuda.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        nccl.apply()
-    mofed.apply()
+        nccl.apply(cluster=cluster, node=node)
+    mofed.apply(cluster=cluster, node=node)
     if "storage" in roles:
-        minio.apply()
+        minio.apply(cluster=cluster, node=node)
     if "master" in roles:
-        postgresql.apply()
+        postgresql.apply(cluster=cluster, node=node)
     if "master" in roles:
-        determined_master.apply()
+        determined_master.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        docker.apply()
+        docker.apply(cluster=cluster, node=node)
     barrier(
         name="Master and storage ready before agents register", reason="every host is past the master's roles"
     )
     if "agent" in roles:
-        determined_agent.apply()
+        determined_agent.apply(cluster=cluster, node=node)

@@ -1,15 +1,11 @@
-"""Turn off Nagle's algorithm on the deploy's SSH connections.
+"""TCP_NODELAY on a paramiko connection (no pyinfra here: tests/verify's testinfra uses it too).
 
-paramiko never sets TCP_NODELAY. Opening a command channel writes two small SSH packets back
-to back; with Nagle the second waits for the node's ACK of the first, and the node's kernel
-delays that ACK by 40 ms. Every fact and every command then costs about 50 ms of idle wire
-time: 74 facts on a no-op re-deploy are 3.7 s per host whatever the hosts do. With
-TCP_NODELAY the same command measured 5 ms on the lab. pyinfra 3.10 has no socket option
-setting, so the connector's `_connect` is wrapped (reconnects after a reboot keep it too) and
-hosts already connected when deploy.py runs are tuned in place.
+paramiko leaves Nagle's algorithm on. Opening a command channel writes two small SSH packets
+back to back; with Nagle the second waits for the node's delayed ACK of the first (40 ms):
+about 50 ms per command instead of 5. The deploy's connections get it from
+deploy/pyinfra_ext/ssh.py, verify's from tests/verify/conftest.py.
 """
 
-import functools
 import socket
 
 
@@ -21,21 +17,3 @@ def set_nodelay(client) -> bool:
         return False  # a ProxyCommand/jump-host channel: nothing to tune here
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return True
-
-
-def install(host) -> None:
-    """Idempotent: deploy.py runs once per host."""
-    from pyinfra.connectors.ssh import SSHConnector  # here: set_nodelay serves testinfra too
-
-    if not getattr(SSHConnector._connect, "_gpu_cluster_nodelay", False):
-        original = SSHConnector._connect
-
-        @functools.wraps(original)
-        def _connect(self):
-            result = original(self)
-            set_nodelay(getattr(self, "client", None))
-            return result
-
-        _connect._gpu_cluster_nodelay = True
-        SSHConnector._connect = _connect
-    set_nodelay(getattr(host.connector, "client", None))

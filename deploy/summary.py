@@ -1,25 +1,18 @@
 """The last lines of a deploy: which hosts failed, why, and the command to re-run for each.
 
 pyinfra prints its Results table and then disconnects; the summary is printed (to stderr,
-so `--json` stays pure) when the last connected host has disconnected.
-
-A host whose SSH connection drops mid-run (sshd stopped, node down) must fail alone while the
-others finish. pyinfra 3.10 handles SSHException/OSError from its connector, but paramiko
-raises a bare EOFError when the transport dies while a command channel is being opened
-(pyinfra issue #1220), and a file transfer then fails with pyinfra's own ConnectError: either
-aborts the whole run for every host. `install` turns them into the SSHException pyinfra
-already handles.
+so `--json` stays pure) when the last connected host has disconnected. Only pyinfra's
+documented API here (a state callback, the state's hosts and operation meta); whether a
+host's SSH connection is gone is asked of deploy/pyinfra_ext, which also keeps that loss
+from aborting the other hosts.
 """
 
-import functools
 import shlex
 import sys
 
-from paramiko import SSHException
 from pyinfra.api.state import BaseStateCallback, StateStage
-from pyinfra.connectors.ssh import SSHConnector
 
-from deploy.topology import run_summary_lines
+from deploy.pyinfra_ext import connection_lost
 
 _installed_on: set[int] = set()
 
@@ -53,15 +46,6 @@ def summary_lines(failed: dict[str, str], argv: list[str]) -> list[str]:
 MAX_DETAIL = 200  # one line of the failed command's stderr, enough to say why
 
 
-def connection_lost(host) -> bool:
-    """The host's SSH transport is gone (sshd stopped, node down or rebooted mid-run)."""
-    client = getattr(host.connector, "client", None)
-    if client is None:
-        return False
-    transport = client.get_transport()
-    return transport is None or not transport.is_active()
-
-
 def last_stderr_line(state, host, op_hash) -> str:
     """The failed command's last stderr line: pyinfra printed it above already, this only
     repeats it next to the re-run command (the deploy keeps secrets out of commands)."""
@@ -90,10 +74,10 @@ class FailureSummary(BaseStateCallback):
             self.reasons[host.name] = f"failed at {at}"
             self.failed_ops[host.name] = op_hash
 
-    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):  # type: ignore[override]  # pyinfra types callbacks static; this one keeps state
         self.record(state, host, op_hash)
 
-    def operation_end(self, state, op_hash):
+    def operation_end(self, state, op_hash):  # type: ignore[override]  # pyinfra types callbacks static; this one keeps state
         # A fact that cannot be read fails its host without an operation error (pyinfra
         # calls fail_hosts directly): name the operation it happened in all the same.
         for host in list(state.failed_hosts):
@@ -109,7 +93,7 @@ class FailureSummary(BaseStateCallback):
                 reason += f": {detail}"
         return reason
 
-    def host_disconnect(self, state, host):
+    def host_disconnect(self, state, host):  # type: ignore[override]  # pyinfra types callbacks static; this one keeps state
         # A reboot disconnects its host mid-run too: only the final disconnects count.
         if state.current_stage != StateStage.Disconnect:
             return
@@ -123,36 +107,8 @@ class FailureSummary(BaseStateCallback):
                 failed[h.name] = "unreachable: SSH connection failed"
             else:
                 failed[h.name] = self.reason(state, h)
-        for line in run_summary_lines(state) + summary_lines(failed, sys.argv):
+        for line in summary_lines(failed, sys.argv):
             print(line, file=sys.stderr)
-
-
-def _lost_connection_fails_the_host(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except (SSHException, OSError):
-            raise  # pyinfra fails the host for these already
-        except EOFError as e:
-            raise SSHException("SSH connection lost (EOF from the server)") from e
-        except Exception as e:
-            # With the transport gone, file transfers fail with pyinfra's ConnectError
-            # ("Unable to establish SFTP connection") or an AssertionError instead.
-            if connection_lost(self.host):
-                raise SSHException(f"SSH connection lost ({type(e).__name__})") from e
-            raise
-
-    wrapper.contains_connection_loss = True
-    return wrapper
-
-
-def contain_connection_loss() -> None:
-    """Idempotent: wraps SSHConnector's command and file methods once per process."""
-    for name in ("run_shell_command", "put_file", "get_file"):
-        method = getattr(SSHConnector, name)
-        if not getattr(method, "contains_connection_loss", False):
-            setattr(SSHConnector, name, _lost_connection_fails_the_host(method))
 
 
 def install(state) -> None:
@@ -160,5 +116,4 @@ def install(state) -> None:
     if id(state) in _installed_on:
         return
     _installed_on.add(id(state))
-    contain_connection_loss()
     state.add_callback_handler(FailureSummary())

@@ -6,11 +6,11 @@ agent level: one `determined-agent` per domain, each with `visible_gpus` set to 
 GPUs and as many slots as the domain has GPUs. This module supplies the pieces:
 
   parse_topo(text) -> Topology          the matrix, NICs and affinities of one node
-  GpuTopology                           pyinfra fact: the same, read from a host
+  deploy.facts.gpu.GpuTopology          pyinfra fact: the same, read from a host
   domains(topology) -> [(0, 1, 2, 3), (4, 5, 6, 7)]
   largest_trial_slots({host: domains}) -> int
   agent_plan(hostname, domains, layout) -> [AgentSpec(agent_id, visible_gpus, slots)]
-  record_domains / summary_lines      a deploy's closing lines (deploy/summary.py)
+  observe / summary_lines             the NVLink lines `python -m tests.verify` prints
 
 The grouping rule (docs/topology.md walks through it on real machines):
 
@@ -36,7 +36,8 @@ The grouping rule (docs/topology.md walks through it on real machines):
 What `topo -m` cannot tell, and what this module assumes:
 - MIG: with MIG enabled, `topo -m` still lists the physical GPUs (its rows are GPUs, never
   GPU instances), and this module reports those. MIG instances cannot use peer-to-peer
-  (NVLink or PCIe), so NVLink domains mean nothing for them; `GpuMigModes` tells a caller
+  (NVLink or PCIe), so NVLink domains mean nothing for them; `parse_mig_modes` (the
+  deploy.facts.gpu.GpuMigModes fact) tells a caller
   which GPUs have MIG on, so that it can refuse a per_domain layout there.
 - GPU indices are nvidia-smi's (PCI bus order), the numbering `visible_gpus` uses too.
   A container's CUDA_VISIBLE_DEVICES order is not involved.
@@ -47,9 +48,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from itertools import combinations
-
-from pyinfra.api import FactBase
-from pyinfra.api.exceptions import FactProcessError
 
 LAYOUTS = ("per_node", "per_domain")
 
@@ -124,7 +122,7 @@ class Topology:
         raise KeyError(f"no NIC {device!r} in the topology")
 
     def to_json(self) -> dict:
-        """For `pyinfra INVENTORY fact deploy.topology.GpuTopology` (its JSON output)."""
+        """For `pyinfra INVENTORY fact deploy.facts.gpu.GpuTopology` (its JSON output)."""
         return {
             "status": self.status,
             "detail": self.detail,
@@ -138,7 +136,10 @@ class Topology:
                 for g in self.gpus
             ],
             "nics": {n.column: n.device for n in self.nics},
-            "matrix": {row: dict(zip(self.columns, cells)) for row, cells in zip(self.columns, self.matrix)},
+            "matrix": {
+                row: dict(zip(self.columns, cells, strict=False))
+                for row, cells in zip(self.columns, self.matrix, strict=False)
+            },
             "domains": [list(d) for d in domains(self)],
         }
 
@@ -239,7 +240,7 @@ def parse_topo(text: str) -> Topology:
             raise TopologyError(
                 f"line {number}: row {name} has {len(cells)} link cells, the header has {n} devices"
             )
-        for column, label in zip(columns, cells[:n]):
+        for column, label in zip(columns, cells[:n], strict=False):
             if not _LINK.match(label):
                 raise TopologyError(f"line {number}: {name}/{column}: unknown link label {label!r}")
         rows[name] = cells[:n]
@@ -263,10 +264,10 @@ def parse_topo(text: str) -> Topology:
 
     gpus = []
     for c in gpu_columns:
-        values = dict(zip(titles, extras[c]))
+        values = dict(zip(titles, extras[c], strict=False))  # a row may lack trailing N/A cells
         gpus.append(
             Gpu(
-                index=int(_GPU_COLUMN.match(c).group(1)),
+                index=int(c.removeprefix("GPU")),  # gpu_columns all match _GPU_COLUMN
                 cpu_affinity=_value(values.get("CPU Affinity")),
                 numa_affinity=_value(values.get("NUMA Affinity")),
                 gpu_numa_id=_value(values.get("GPU NUMA ID")),
@@ -333,13 +334,13 @@ def _nvlink_domains(topology: Topology, linked: set[int]) -> list[tuple[int, ...
 def _locality_domains(topology: Topology, indices: list[int]) -> list[tuple[int, ...]]:
     gpus = [g for g in topology.gpus if g.index in indices]
     if all(g.numa_affinity is not None for g in gpus):
-        keys = [g.numa_affinity for g in gpus]
+        keys: list[object] = [g.numa_affinity for g in gpus]
     elif all(g.cpus is not None for g in gpus):
         keys = [g.cpus for g in gpus]  # a set, so "0-3" and "0,1,2,3" agree
     else:
         keys = [None for g in gpus]
     groups: dict[object, list[int]] = {}
-    for key, g in zip(keys, gpus):
+    for key, g in zip(keys, gpus, strict=False):
         groups.setdefault(key, []).append(g.index)
     return [tuple(sorted(group)) for group in groups.values()]
 
@@ -404,29 +405,7 @@ def agent_plan(hostname: str, domains: list[tuple[int, ...]], layout: str) -> li
     return [spec(f"{hostname}-{i}", d) for i, d in enumerate(ordered)]
 
 
-# ---------------------------------------------------------------------------- facts
-
-
-class GpuTopology(FactBase):
-    """`nvidia-smi topo -m` of the host as a Topology.
-
-    Without output (nvidia-smi missing) pyinfra returns `default()`: status UNAVAILABLE.
-    A driver that is not loaded yet (first deploy, before the reboot) is UNAVAILABLE with
-    nvidia-smi's message in `detail`; a node without GPUs is NO_DEVICES.
-    """
-
-    def command(self):
-        return "nvidia-smi topo -m 2>/dev/null || true"
-
-    @staticmethod
-    def default():
-        return Topology(status=UNAVAILABLE, detail="nvidia-smi printed nothing (not installed?)")
-
-    def process(self, output):
-        try:
-            return parse_topo("\n".join(output))
-        except TopologyError as exc:
-            raise FactProcessError(f"nvidia-smi topo -m: {exc}") from None
+# ---------------------------------------------------------------------------- MIG
 
 
 def parse_mig_modes(lines) -> dict[int, str]:
@@ -443,48 +422,29 @@ def parse_mig_modes(lines) -> dict[int, str]:
     return modes
 
 
-class GpuMigModes(FactBase):
-    """{gpu index: "Enabled" | "Disabled" | "N/A"}; {} without a working nvidia-smi."""
-
-    def command(self):
-        return "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null || true"
-
-    @staticmethod
-    def default():
-        return {}
-
-    def process(self, output):
-        return parse_mig_modes(output)
-
-
-# ---------------------------------------------------------------------------- run summary
+# ---------------------------------------------------------------------------- NVLink lines
 
 
 @dataclass(frozen=True)
 class Observed:
-    """One agent node's topology as a deploy read it while it ran (after the driver role)."""
+    """One agent node's topology as read from the node (by tests/verify)."""
 
     layout: str
     domains: tuple[tuple[int, ...], ...]  # () when nvidia-smi gave no matrix
     detail: str | None = None  # why there are no domains
 
 
-# id(pyinfra State) -> {hostname: Observed}; filled by roles/determined_agent.py during
-# execution, printed by deploy/summary.py when the run ends.
-_OBSERVED: dict[int, dict[str, Observed]] = {}
-
-
-def record_domains(state, hostname: str, layout: str, topology: Topology) -> None:
+def observe(layout: str, topology: Topology) -> Observed:
     found = tuple(domains(topology))
     detail = None if found else (topology.detail or f"nvidia-smi topo -m: {topology.status}")
-    _OBSERVED.setdefault(id(state), {})[hostname] = Observed(layout, found, detail)
+    return Observed(layout, found, detail)
 
 
 def summary_lines(observed: dict[str, Observed], agents: list[str]) -> list[str]:
-    """The closing lines of a deploy: each agent node's domains and the trial size that fits.
+    """Each agent node's domains and the trial size that fits, as lines to print.
 
-    `agents`: every agent node of the cluster, so that a node this run did not measure (it
-    failed before its agent role, or --limit left it out) is named instead of silently
+    `agents`: every agent node that was to be read, so that a node whose topology could not
+    be read (unreachable, or its check failed before reading) is named instead of silently
     leaving the number to the others.
     """
     if not observed:
@@ -495,7 +455,7 @@ def summary_lines(observed: dict[str, Observed], agents: list[str]) -> list[str]
         sizes = "+".join(str(len(d)) for d in seen.domains) or f"none ({seen.detail})"
         shown.append(f"{hostname} {sizes} ({seen.layout})")
     lines = [f"--> NVLink domains (GPUs each): {', '.join(shown)}"]
-    measured = {h: o.domains for h, o in observed.items() if o.domains}
+    measured = {h: list(o.domains) for h, o in observed.items() if o.domains}
     missing = sorted(set(agents) - set(measured))
     if not measured:
         lines.append(
@@ -517,11 +477,3 @@ def summary_lines(observed: dict[str, Observed], agents: list[str]) -> list[str]
             "offers all its GPUs, a trial may span domains)"
         )
     return lines
-
-
-def run_summary_lines(state) -> list[str]:
-    """summary_lines for a pyinfra run (called once, when its last host disconnects)."""
-    agents = [
-        h.name for h in state.inventory if "agent" in getattr(getattr(h.data, "node", None), "roles", ())
-    ]
-    return summary_lines(_OBSERVED.pop(id(state), {}), agents)

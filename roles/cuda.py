@@ -9,18 +9,20 @@ configure: /usr/local/cuda -> /usr/local/cuda-<major>.<minor> through the "cuda"
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
+import io
+from typing import cast
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files
 
-from deploy.facts_gpu import ResolvedPath
+from deploy.cluster import Cluster, Node
+from deploy.facts.system import ResolvedPath
 from deploy.pins import CUDA_LINK, cuda_home, cuda_major_minor, cuda_pins
 from roles import apt_pins
+from roles.scripts import script
+from roles.templates import render
 
-FILES = Path(__file__).resolve().parent.parent / "files" / "cuda"
 PROFILE = "/etc/profile.d/cuda.sh"
 
 
@@ -29,42 +31,29 @@ def alternative_priority(cuda_version: str) -> int:
     return int(cuda_major_minor(cuda_version).replace(".", ""))
 
 
-def link_shell(home: str, priority: int) -> str:
-    h, link = shlex.quote(home), shlex.quote(CUDA_LINK)
-    wrong = shlex.quote(
-        f"{CUDA_LINK} does not lead to {home} after update-alternatives "
-        f"(is {CUDA_LINK} a directory rather than a link?)"
-    )
-    return (
-        f"[ -d {h} ] || {{ echo {shlex.quote(f'{home} is missing: the toolkit is not installed')}"
-        " >&2; exit 1; }; "
-        f"update-alternatives --install {link} cuda {h} {priority} && "
-        f"update-alternatives --set cuda {h} && "
-        f'[ "$(readlink -e {link})" = {h} ] || {{ echo {wrong} >&2; exit 1; }}'
-    )
+def profile(cuda_version: str) -> str:
+    """/etc/profile.d/cuda.sh for the pinned toolkit."""
+    return render("cuda/cuda.sh.j2", cuda_home=cuda_home(cuda_version), cuda_version=cuda_version)
 
 
 @operation()
 def cuda_link(home: str, priority: int):
     """/usr/local/cuda resolves to `home`."""
+    # Not files.link: NVIDIA's packages own /usr/local/cuda through the "cuda" alternative.
     if host.get_fact(ResolvedPath, path=CUDA_LINK) == home:
         host.noop(f"{CUDA_LINK} leads to {home}")
         return
-    yield StringCommand(link_shell(home, priority))
+    yield script("cuda/cuda-link.sh", home, priority, CUDA_LINK)
 
 
 @deploy("CUDA toolkit")
-def apply():
-    version = host.data.cluster.versions.cuda
+def apply(cluster: Cluster, node: Node) -> None:
+    version = cluster.versions.cuda
     home = cuda_home(version)
-    repo = apt_pins.cuda_repo()
-    apt_pins.pinned(cuda_pins(version), repo)
+    # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
+    repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))
+    apt_pins.pinned(pinset=cuda_pins(version), repo=repo)
     cuda_link(name=f"{CUDA_LINK} -> {home}", home=home, priority=alternative_priority(version))
-    files.template(
-        name="CUDA paths for login shells",
-        src=str(FILES / "cuda.sh.j2"),
-        dest=PROFILE,
-        mode="644",
-        cuda_home=home,
-        cuda_version=version,
-    )
+    # Rendered here rather than by files.template (the same Jinja2 settings): every role's
+    # templates go through roles/templates.py, and a unit test sees what the node gets.
+    files.put(name="CUDA paths for login shells", src=io.StringIO(profile(version)), dest=PROFILE, mode="644")

@@ -15,66 +15,24 @@ activate:  enabled and running; restarted only when its configuration changed an
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import jinja2
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from deploy.cluster import Cluster
-from roles.shared_ops import (
-    SecretBytes,
-    env_file,
-    packages,
-    secret_file,
-    verified_deb,
-    wait_for_http,
-)
+from deploy.cluster import Cluster, Node
+from roles.determined_common import CONFIG_DIR, install_determined
+from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
+from roles.templates import files_path, render
 
-FILES = Path(__file__).resolve().parent.parent / "files" / "determined"
-CONFIG_DIR = "/etc/determined"
 MASTER_YAML = f"{CONFIG_DIR}/master.yaml"
 S3_ENV = f"{CONFIG_DIR}/master-s3.env"
 DROP_IN = "/etc/systemd/system/determined-master.service.d/10-s3.conf"
 SERVICE = "determined-master.service"
 
 
-def install_determined(cluster, kind: str):
-    """The sha256-pinned determined-<kind> package (kind: master or agent) from
-    sources.determined_<kind>, unless that version is installed."""
-    version = cluster.determined.version
-    source = getattr(cluster.sources, f"determined_{kind}")
-    return verified_deb(
-        name=f"Install determined-{kind} {version} (sha256-pinned)",
-        package=f"determined-{kind}",
-        version=version,
-        url=cluster.sources.determined_url(kind, version),
-        sha256=source.sha256,
-        artifact=f"determined-{kind} {version} package",
-    )
-
-
-def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(FILES)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    # A JSON string is a valid YAML double-quoted scalar: any password survives as written.
-    env.filters["q"] = json.dumps
-    return env
-
-
-def render(template: str, **values) -> str:
-    return _templates().get_template(template).render(**values)
-
-
 def master_yaml(cluster: Cluster) -> str:
     storage = cluster.storage
     return render(
-        "master.yaml.j2",
+        "determined/master.yaml.j2",
         port=cluster.master_port,
         db=cluster.database,
         db_password=cluster.database.password.value,
@@ -101,8 +59,7 @@ def s3_env(cluster: Cluster) -> str:
 
 
 @deploy("Determined master")
-def apply():
-    cluster: Cluster = host.data.cluster
+def apply(cluster: Cluster, node: Node) -> None:
 
     packages(["curl", "ca-certificates"], "download and health-check tools")
 
@@ -118,7 +75,7 @@ def apply():
     )
     drop_in = files.put(
         name="Master unit drop-in loading the S3 environment",
-        src=str(FILES / "10-s3.conf"),
+        src=str(files_path("determined/10-s3.conf")),
         dest=DROP_IN,
         user="root",
         group="root",

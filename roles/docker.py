@@ -14,45 +14,40 @@ from __future__ import annotations
 import json
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
 
+from deploy.cluster import Cluster, Node
 from roles.shared_ops import packages
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME = "nvidia"
 
 
-class DockerRuntimes(FactBase):
-    """Runtime names declared in /etc/docker/daemon.json (empty when there is no file)."""
-
-    def command(self, path=DAEMON_JSON):
-        return f"cat {path} 2>/dev/null || true"
-
-    default = frozenset
-
-    def process(self, output):
-        try:
-            config = json.loads("\n".join(output))
-        except ValueError:
-            # An unreadable file counts as lacking the runtime; nvidia-ctk then reports the
-            # JSON error itself, which is the message an operator needs.
-            return frozenset()
-        runtimes = config.get("runtimes") if isinstance(config, dict) else None
-        return frozenset(runtimes) if isinstance(runtimes, dict) else frozenset()
+def runtimes(lines: list[str] | None) -> frozenset[str]:
+    """Runtime names declared in daemon.json's lines (None: no file)."""
+    try:
+        config = json.loads("\n".join(lines or ["{}"]))
+    except ValueError:
+        # An unreadable file counts as lacking the runtime; nvidia-ctk then reports the
+        # JSON error itself, which is the message an operator needs.
+        return frozenset()
+    declared = config.get("runtimes") if isinstance(config, dict) else None
+    return frozenset(declared) if isinstance(declared, dict) else frozenset()
 
 
 @operation()
 def nvidia_runtime():
     """Register the nvidia runtime with Docker, unless daemon.json already has it."""
-    if RUNTIME in host.get_fact(DockerRuntimes):
+    if RUNTIME in runtimes(host.get_fact(FileContents, path=DAEMON_JSON)):
         host.noop(f"{DAEMON_JSON} has the {RUNTIME} runtime")
         return
     yield "install -d -m 755 /etc/docker && nvidia-ctk runtime configure --runtime=docker"
 
 
 @deploy("Docker and the NVIDIA Container Toolkit")
-def apply():
+def apply(cluster: Cluster, node: Node) -> None:
     packages(["docker.io", "nvidia-container-toolkit"], "Docker and the NVIDIA Container Toolkit")
     runtime = nvidia_runtime(name="Docker knows the nvidia runtime (nvidia-ctk)")
     systemd.service(

@@ -4,13 +4,16 @@
 would still show them), so the tables are flushed and the chains deleted too.
 """
 
+from __future__ import annotations
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile
 from pyinfra.facts.systemd import SystemdEnabled
 from pyinfra.operations import apt, files, server, systemd
 
-from deploy.facts import FirewallRules
+from deploy.cluster import Cluster, Node
+from deploy.facts.system import FirewallRules
 from deploy.firewall import foreign_rules
 
 TABLES = ("filter", "nat", "mangle", "raw")
@@ -25,7 +28,7 @@ def flush_commands(tool: str) -> list[str]:
 
 
 @deploy("Firewall off")
-def apply():
+def apply(cluster: Cluster, node: Node) -> None:
     apt.packages(name="iptables (for the checks)", packages=["iptables"], update=True, cache_time=3600)
     if host.get_fact(FindInFile, path="/etc/ufw/ufw.conf", pattern="^ENABLED=yes"):
         server.shell(name="Disable ufw (also at boot)", commands=["ufw --force disable"])

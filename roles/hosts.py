@@ -4,9 +4,12 @@ The agent resolves names once at start and fails with only 'Failed to resolve ho
 otherwise, so every node carries the whole map.
 """
 
-from pyinfra import host
+from __future__ import annotations
+
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
+
+from deploy.cluster import Cluster, Node
 
 MARKER = "# {mark} gpu-cluster managed hosts"
 
@@ -15,7 +18,7 @@ def ib_name(hostname: str, interface: str) -> str:
     return f"{hostname}-{interface}"
 
 
-def hosts_block(cluster) -> str:
+def hosts_block(cluster: Cluster) -> str:
     interface = cluster.network.ipoib.interface
     lines = []
     for n in cluster.nodes:
@@ -26,8 +29,7 @@ def hosts_block(cluster) -> str:
 
 
 @deploy("Hosts")
-def apply():
-    cluster, node = host.data.cluster, host.data.node
+def apply(cluster: Cluster, node: Node) -> None:
     server.hostname(name="Hostname", hostname=node.hostname)
     # Debian and Ubuntu installers map the hostname to 127.0.1.1, which would make a
     # node announce itself as loopback; the managed block maps it to its real address.

@@ -1,5 +1,7 @@
 """IPoIB: a static address on ib0, written the way the node's network stack expects."""
 
+from __future__ import annotations
+
 from io import StringIO
 
 from pyinfra import host
@@ -7,7 +9,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import Directory, FindFiles
 from pyinfra.operations import apt, files, server
 
-from deploy.facts import NetDevice
+from deploy.cluster import Cluster, Node
+from deploy.facts.system import NetDevice
 
 
 def ifupdown_stanza(interface: str, cidr: str, mtu: int) -> str:
@@ -40,12 +43,12 @@ def uses_netplan() -> bool:
 
 
 @deploy("IPoIB")
-def apply():
-    cluster, node = host.data.cluster, host.data.node
+def apply(cluster: Cluster, node: Node) -> None:
     ib = cluster.network.ipoib
     cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
     current = host.get_fact(NetDevice, interface=ib.interface)
     in_place = current["up"] and current["addresses"] == [cidr] and current["mtu"] == ib.mtu
+    # Known drift is an unconditional step (no _if), so a dry run shows it as a change.
 
     if uses_netplan():
         conf = files.put(
@@ -54,11 +57,8 @@ def apply():
             dest=f"/etc/netplan/60-gpu-cluster-{ib.interface}.yaml",
             mode="600",
         )
-        # Known drift is an unconditional step, so a dry run shows it as a change.
         server.shell(
-            name="Apply netplan",
-            commands=["netplan apply"],
-            **({} if not in_place else {"_if": conf.did_change}),
+            name="Apply netplan", commands=["netplan apply"], _if=[conf.did_change] if in_place else []
         )
         return
 
@@ -81,5 +81,5 @@ def apply():
             f"ifdown --force {ib.interface} 2>/dev/null; ip addr flush dev {ib.interface}; "
             f"ifup {ib.interface}"
         ],
-        **({} if not in_place else {"_if": conf.did_change}),
+        _if=[conf.did_change] if in_place else [],
     )

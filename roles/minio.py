@@ -11,15 +11,13 @@ bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from deploy import s3
-from deploy.cluster import Cluster
+from deploy.cluster import Cluster, Node
 from roles.shared_ops import (
     SecretBytes,
     env_file,
@@ -28,8 +26,8 @@ from roles.shared_ops import (
     verified_binary,
     wait_for_http,
 )
+from roles.templates import files_path
 
-FILES = Path(__file__).resolve().parent.parent / "files" / "minio"
 BINARY = "/usr/local/bin/minio"
 ENV_FILE = "/etc/default/minio"
 UNIT = "/etc/systemd/system/minio.service"
@@ -82,8 +80,7 @@ def bucket(cluster: Cluster):
 
 
 @deploy("MinIO object storage")
-def apply():
-    cluster: Cluster = host.data.cluster
+def apply(cluster: Cluster, node: Node) -> None:
     storage = cluster.storage
     source = cluster.sources.minio
 
@@ -121,7 +118,7 @@ def apply():
     )
     unit = files.put(
         name="MinIO systemd unit (official)",
-        src=str(FILES / "minio.service"),
+        src=str(files_path("minio/minio.service")),
         dest=UNIT,
         user="root",
         group="root",

@@ -6,15 +6,18 @@ release: the version is always given explicitly, never left for apt to choose.
 
 from __future__ import annotations
 
-from pyinfra import host
+from typing import cast
+
 from pyinfra.api import deploy
 
+from deploy.cluster import Cluster, Node
 from deploy.pins import nccl_pins
 from roles import apt_pins
 
 
 @deploy("NCCL")
-def apply():
-    versions = host.data.cluster.versions
-    repo = apt_pins.cuda_repo()
-    apt_pins.pinned(nccl_pins(versions.nccl, versions.cuda), repo)
+def apply(cluster: Cluster, node: Node) -> None:
+    versions = cluster.versions
+    # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
+    repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))
+    apt_pins.pinned(pinset=nccl_pins(versions.nccl, versions.cuda), repo=repo)

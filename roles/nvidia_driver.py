@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import shlex
 import time
-from pathlib import Path
+from typing import cast
 
 from paramiko import SSHException
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, python, server
 
-from deploy.facts_gpu import RebootRequiredPackages
+from deploy.cluster import Cluster, Node
 from deploy.pins import driver_pins
 from roles import apt_pins
+from roles.scripts import script
+from roles.templates import files_path
 
-FILES = Path(__file__).resolve().parent.parent / "files" / "nvidia_driver"
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 REBOOT_REQUIRED = "/run/reboot-required"
@@ -39,15 +41,10 @@ REBUILD_INITRAMFS = (
 )
 
 
-def driver_loaded_check(version: str, seconds: int = 60) -> str:
-    """Shell that waits for nvidia-smi to report `version` on every GPU, else fails with
-    what nvidia-smi said: a reboot that did not load the new module stops this host here."""
-    query = "nvidia-smi --query-gpu=driver_version --format=csv,noheader,nounits 2>&1 | sort -u"
-    return (
-        f"for i in $(seq {seconds // 2}); do v=$({query}); "
-        f'[ "$v" = "{version}" ] && exit 0; sleep 2; done; '
-        f'echo "driver {version} is not loaded after the reboot; nvidia-smi says: $v" >&2; exit 1'
-    )
+def driver_loaded_check(version: str, seconds: int = 60) -> StringCommand:
+    """Wait for nvidia-smi to report `version` on every GPU, else fail with what nvidia-smi
+    said: a reboot that did not load the new module stops this host here."""
+    return script("nvidia_driver/driver-loaded.sh", version, seconds)
 
 
 def reboot_pending(pending_packages: set[str], driver_packages: list[str]) -> bool:
@@ -130,19 +127,19 @@ def _warn_reboot_pending(state, host):
 
 
 @deploy("NVIDIA driver")
-def apply():
-    cluster = host.data.cluster
+def apply(cluster: Cluster, node: Node) -> None:
     pinset = driver_pins(cluster.versions.nvidia_driver)
     packages = [p for p, _ in pinset.packages]
 
-    repo = apt_pins.cuda_repo()
+    # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
+    repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))
     blacklist = files.put(
         name="Blacklist nouveau",
-        src=str(FILES / "blacklist-nouveau.conf"),
+        src=str(files_path("nvidia_driver/blacklist-nouveau.conf")),
         dest=BLACKLIST,
         mode="644",
     )
-    installed = apt_pins.pinned(pinset, repo)
+    installed = apt_pins.pinned(pinset=pinset, repo=repo)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=[REBUILD_INITRAMFS],
@@ -155,8 +152,9 @@ def apply():
     )
 
     # Read while planning, i.e. before this run installs anything: a reboot an earlier run
-    # owed (installed, then stopped before rebooting).
-    owed = reboot_pending(host.get_fact(RebootRequiredPackages), packages)
+    # owed (installed, then stopped before rebooting). None when the file does not exist.
+    listed = host.get_fact(FileContents, path=f"{REBOOT_REQUIRED}.pkgs") or []
+    owed = reboot_pending({line.strip() for line in listed}, packages)
     if cluster.reboot == "auto":
         rebooted = reboot(
             name="Reboot into the new NVIDIA driver (confirmed by a new boot_id)",
@@ -164,7 +162,7 @@ def apply():
         )
         server.shell(
             name="The new driver is loaded: nvidia-smi answers with the pin",
-            commands=[driver_loaded_check(cluster.versions.nvidia_driver)],
+            commands=[str(driver_loaded_check(cluster.versions.nvidia_driver))],
             _if=rebooted.did_change,
         )
     else:

@@ -6,8 +6,9 @@ configure: conf.d/50-determined.conf (database.port, max_connections >= 96, list
            localhost only: the master is on the same node); restart only when it changed
 database:  Determined's role and database. The password never leaves the controller in clear:
            the role gets a SCRAM-SHA-256 verifier computed here, and the node is asked only for
-           the current verifier's salt and a digest of it, so a changed password in cluster.yaml
-           is noticed and set, and an unchanged one is no change.
+           the current verifier's salt and a digest of it (deploy/facts/postgresql.py), so a
+           changed password in cluster.yaml is noticed and set, and an unchanged one is no change.
+backups:   none here: docs/operations.md gives the pg_dump command for the operator to run.
 """
 
 from __future__ import annotations
@@ -17,19 +18,20 @@ import hashlib
 import hmac
 import io
 import os
-import shlex
-from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, HiddenValue, QuoteString, StringCommand, deploy, operation
+from pyinfra.api import HiddenValue, StringCommand, deploy, operation
+from pyinfra.facts.files import File
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import apt, files, postgres, systemd
 from pyinfra.operations.util import any_changed
 
-from deploy.cluster import Cluster
+from deploy.cluster import Cluster, Node
+from deploy.facts.postgresql import RoleVerifier, psql
+from deploy.secrets import Secret
+from roles.scripts import script
 from roles.shared_ops import packages
-
-FILES = Path(__file__).resolve().parent.parent / "files" / "postgresql"
+from roles.templates import render
 
 # Determined needs 13 or newer (12 warns, 11 and older error out) and >= 96 connections.
 MIN_MAJOR = 13
@@ -62,12 +64,7 @@ def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
 
 
 def conf_content(port: int) -> str:
-    return (
-        (FILES / "50-determined.conf")
-        .read_text()
-        .replace("{{ max_connections }}", str(MAX_CONNECTIONS))
-        .replace("{{ port }}", str(port))
-    )
+    return render("postgresql/50-determined.conf.j2", port=port, max_connections=MAX_CONNECTIONS)
 
 
 # --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
@@ -99,59 +96,12 @@ def password_matches(password: str, current: dict | None) -> bool:
     return hashlib.sha256(expected.encode()).hexdigest() == current["digest"]
 
 
-def _psql(sql, port: int) -> StringCommand:
-    """psql as the postgres superuser over the local socket (peer authentication)."""
-    return StringCommand(
-        f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 -Atc", QuoteString(sql)
-    )
-
-
-class RoleVerifier(FactBase):
-    """{"salt": "<iterations>:<salt>", "digest": sha256 hex of the verifier} or None.
-
-    Only the salt and a digest leave the node: the verifier itself stays in pg_authid.
-    `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).
-    """
-
-    def requires_command(self, role, port):
-        return "psql"
-
-    def command(self, role, port):
-        sql = (
-            "SELECT CASE WHEN rolpassword LIKE 'SCRAM-SHA-256$%' "
-            "THEN split_part(rolpassword, '$', 2) ELSE '' END"
-            " || ' ' || encode(sha256(convert_to(coalesce(rolpassword, ''), 'UTF8')), 'hex')"
-            f" FROM pg_authid WHERE rolname = '{role}'"
-        )
-        return _psql(sql, port)
-
-    def process(self, output):
-        line = " ".join(output).strip()
-        if not line:
-            return None
-        salt, _, digest = line.rpartition(" ")
-        return {"salt": salt, "digest": digest}
-
-
-class Databases(FactBase):
-    """{database name: owner name}."""
-
-    def requires_command(self, port):
-        return "psql"
-
-    def command(self, port):
-        sql = "SELECT datname || ' ' || pg_get_userbyid(datdba) FROM pg_database WHERE NOT datistemplate"
-        return _psql(sql, port)
-
-    default = dict
-
-    def process(self, output):
-        return dict(line.split(" ", 1) for line in output if " " in line)
-
-
 @operation()
-def role(role: str, password, port: int = 5432):
-    """A LOGIN role whose password is `password` (a Secret); set only when it differs."""
+def role(role: str, password: Secret, port: int = 5432):
+    """A LOGIN role whose password is `password`; set only when it differs.
+
+    Not pyinfra's postgres.role: that one cannot compare passwords (it sets a given one on every
+    run) and puts the password itself on psql's command line on the node."""
     current = host.get_fact(RoleVerifier, role=role, port=port)
     if current is not None and password_matches(password.value, current):
         host.noop(f"role {role} exists with the configured password")
@@ -162,43 +112,21 @@ def role(role: str, password, port: int = 5432):
         f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
         StringCommand("'", HiddenValue(verifier), "'", _separator=""),
     )
-    yield _psql(sql, port)
+    yield psql(sql, port)
 
 
 @operation()
-def database(database: str, owner: str, port: int = 5432):
-    owners = host.get_fact(Databases, port=port)
-    if database not in owners:
-        yield _psql(f'CREATE DATABASE "{database}" OWNER "{owner}"', port)
-    elif owners[database] != owner:
-        yield _psql(f'ALTER DATABASE "{database}" OWNER TO "{owner}"', port)
-    else:
-        host.noop(f"database {database} exists, owned by {owner}")
+def pgdg_key():
+    """PGDG's signing key, kept only if its fingerprint is the pinned one (files/postgresql/
+    pgdg-key.sh). pyinfra's apt.key installs whatever key the URL serves."""
+    if host.get_fact(File, path=PGDG_KEY):
+        host.noop(f"{PGDG_KEY} is installed")
+        return
+    yield script("postgresql/pgdg-key.sh", PGDG_KEY_URL, PGDG_KEY_FINGERPRINT, PGDG_KEY)
 
 
-class _FileExists(FactBase):
-    def command(self, path):
-        return f"test -e {shlex.quote(path)} && echo yes || echo no"
-
-    def process(self, output):
-        return output == ["yes"]
-
-
-def _pgdg_source(codename: str):
-    key = server.shell(
-        name="PGDG signing key (fingerprint-checked)",
-        commands=[
-            (
-                f"install -d -m 755 {shlex.quote(str(Path(PGDG_KEY).parent))} && "
-                f"curl -fsSL -o {PGDG_KEY}.download {PGDG_KEY_URL} && "
-                f"gpg --show-keys --with-colons {PGDG_KEY}.download | grep -q "
-                f"'^fpr:*{PGDG_KEY_FINGERPRINT}:' && mv -f {PGDG_KEY}.download {PGDG_KEY} || "
-                f"{{ rm -f {PGDG_KEY}.download; echo 'PGDG key: download failed or fingerprint is "
-                f"not {PGDG_KEY_FINGERPRINT}' >&2; exit 1; }}"
-            )
-        ],
-        _if=lambda: not host.get_fact(_FileExists, path=PGDG_KEY),
-    )
+def _pgdg_source(codename: str) -> None:
+    key = pgdg_key(name="PGDG signing key (fingerprint-checked)")
     source = files.put(
         name="PGDG apt source",
         src=io.StringIO(f"deb [signed-by={PGDG_KEY}] {PGDG_URL} {codename}-pgdg main\n"),
@@ -209,12 +137,10 @@ def _pgdg_source(codename: str):
 
 
 @deploy("PostgreSQL for Determined")
-def apply():
-    cluster: Cluster = host.data.cluster
+def apply(cluster: Cluster, node: Node) -> None:
     db = cluster.database
     release = host.get_fact(LinuxDistribution)["release_meta"]
-    os_id, os_version = release.get("ID", ""), release.get("VERSION_ID", "")
-    major, from_pgdg = major_for(os_id, os_version)
+    major, from_pgdg = major_for(release.get("ID", ""), release.get("VERSION_ID", ""))
 
     # install
     if from_pgdg:
@@ -254,4 +180,12 @@ def apply():
         password=db.password,
         port=db.port,
     )
-    database(name=f"Database {db.name} owned by {db.user}", database=db.name, owner=db.user, port=db.port)
+    postgres.database(
+        name=f"Database {db.name} owned by {db.user}",
+        database=db.name,
+        owner=db.user,
+        psql_port=db.port,
+        # As the postgres superuser over the local socket (peer authentication), from /.
+        _su_user="postgres",
+        _chdir="/",
+    )

@@ -4,20 +4,26 @@ Problems are found from facts while pyinfra plans; the one operation that report
 fails on that host only, so the other hosts go on and nothing was touched on this one.
 """
 
+from __future__ import annotations
+
 import fnmatch
-import shlex
+from collections.abc import Mapping
+from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import deploy, operation
+from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import KernelVersion, LinuxDistribution, Port
 
-from deploy.facts import DiskFreeGB, ProcessUnit
+from deploy.cluster import Cluster, Node
+from deploy.facts.system import DiskFreeGB
+from roles.shared_ops import fail
 
 # The master's own service may hold its port on a re-deploy.
 OWN_UNITS = ("determined-master.service",)
 
 
-def os_label(distribution: dict) -> str:
+def os_label(distribution: Mapping[str, Any]) -> str:
     version = distribution.get("release_meta", {}).get("VERSION_ID") or str(distribution.get("major"))
     return f"{distribution.get('name')} {version}"
 
@@ -31,6 +37,15 @@ def os_problems(label: str, kernel: str, allowed: dict) -> list[str]:
     return []
 
 
+def cgroup_unit(lines: list[str] | None) -> str | None:
+    """The systemd unit in a process's /proc/<pid>/cgroup lines, or None."""
+    for line in lines or ():
+        for part in reversed(line.split(":", 2)[-1].split("/")):
+            if part.endswith((".service", ".scope")):
+                return part
+    return None
+
+
 def port_problem(port: int, holder: tuple, unit: str | None) -> str | None:
     process, pid = holder
     if process is None or unit in OWN_UNITS:
@@ -40,9 +55,10 @@ def port_problem(port: int, holder: tuple, unit: str | None) -> str | None:
 
 
 @operation(is_idempotent=True)
-def checks(cluster, node):
+def checks(cluster: Cluster, node: Node):
+    distribution = host.get_fact(LinuxDistribution)
     problems = os_problems(
-        os_label(host.get_fact(LinuxDistribution)),
+        os_label(distribution),
         host.get_fact(KernelVersion),
         dict(cluster.preflight.allowed_os),
     )
@@ -54,19 +70,17 @@ def checks(cluster, node):
         )
     if "master" in node.roles:
         holder = host.get_fact(Port, port=cluster.master_port) or (None, None)
-        unit = host.get_fact(ProcessUnit, pid=holder[1]) if holder[1] else None
+        pid = holder[1]
+        unit = cgroup_unit(host.get_fact(FileContents, path=f"/proc/{int(pid)}/cgroup")) if pid else None
         problem = port_problem(cluster.master_port, holder, unit)
         if problem:
             problems.append(problem)
     if not problems:
         host.noop("preflight passed")
         return
-    text = "; ".join(f"preflight failed on {node.hostname}: {p}" for p in problems)
-    yield StringCommand(f"echo {shlex.quote(text)} >&2; exit 1")
+    yield fail("; ".join(f"preflight failed on {node.hostname}: {p}" for p in problems))
 
 
 @deploy("Preflight")
-def apply():
-    checks(
-        name="Check OS, kernel, disk and the master's port", cluster=host.data.cluster, node=host.data.node
-    )
+def apply(cluster: Cluster, node: Node) -> None:
+    checks(name="Check OS, kernel, disk and the master's port", cluster=cluster, node=node)

@@ -1,14 +1,18 @@
-"""Custom pyinfra operations shared by the storage and scheduler roles.
+"""Custom pyinfra operations and helpers shared by the roles.
 
 pyinfra 3.10 re-runs an operation's body when it executes, with facts read again at that
 moment, so each operation below decides from the node's state right before it acts and yields
 nothing when that state is already right: a second deploy reports no change.
 
-- `secret_file`: a 0600 file whose content never appears in pyinfra's output, not even with
-  `--diff` (files.put/files.template print the whole content there).
+- `fetch_verified`: the one download-and-verify command (files/shared_ops/fetch-verified.sh).
+  pyinfra's files.download checks a sha256 only after writing the destination, and leaves a
+  mismatching file there; this one never puts an unverified file at the destination.
 - `verified_binary` / `verified_deb`: a vendor artifact downloaded on the node, checked against
   the sha256 pinned in cluster.yaml and installed only when it matches; a mismatch deletes the
   download and fails this host with a message naming the artifact.
+- `secret_file`: a 0600 file whose content never appears in pyinfra's output, not even with
+  `--diff` (files.put/files.template print the whole content there).
+- `fail`: the one way a role stops its host.
 - `packages`: apt packages, refreshing the apt lists first only when something is missing.
 - `wait_for_http`: poll a URL on the node until it answers 200.
 """
@@ -23,10 +27,16 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha1File, Sha256File
-from pyinfra.operations import apt
+from pyinfra.operations import apt, server
 
-# apt waits for an unattended upgrade's lock instead of failing (facts.md: no wait in 3.10).
-APT_LOCK_WAIT = "-o DPkg::Lock::Timeout=600"
+from roles.scripts import script
+
+# Seconds apt waits for the dpkg lock (held by an unattended upgrade, say) before failing.
+# pyinfra 3.10's apt operations neither wait nor retry: without this a node that happens to
+# run an unattended upgrade fails the deploy. roles/apt_proxy.py writes the same value into
+# apt.conf.d for every apt run; APT_LOCK_WAIT passes it on our own command lines too.
+DPKG_LOCK_TIMEOUT = 600
+APT_LOCK_WAIT = f"-o DPkg::Lock::Timeout={DPKG_LOCK_TIMEOUT}"
 # A package's own copy of a config file never replaces the one this deploy wrote before it.
 DPKG_KEEP_CONFIG = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
 
@@ -74,11 +84,9 @@ def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str 
     creates new files 0644; writing into an existing file keeps that file's mode.)
     """
     remote = host.get_fact(File, path=dest)
-    wanted_sha1 = hashlib.sha1(content.data).hexdigest()
-    same_content = bool(remote) and host.get_fact(Sha1File, path=dest) == wanted_sha1
     owner = f"{user}:{group}"
     quoted = shlex.quote(dest)
-    if not same_content:
+    if not remote or host.get_fact(Sha1File, path=dest) != hashlib.sha1(content.data).hexdigest():
         yield StringCommand(f"touch {quoted} && chown {owner} {quoted} && chmod {mode} {quoted}")
         yield FileUploadCommand(
             io.BytesIO(content.data), dest, remote_temp_filename=host.get_temp_filename(dest)
@@ -90,18 +98,26 @@ def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str 
         yield StringCommand(f"chmod {mode} {quoted}")
 
 
-def _fetch_and_check(url: str, sha256: str, tmp: str, artifact: str) -> str:
-    """Shell that downloads `url` to `tmp` and keeps it only if its sha256 is the pinned one."""
-    q_tmp, q_url = shlex.quote(tmp), shlex.quote(url)
-    mismatch = shlex.quote(f"{artifact}: sha256 mismatch for {url}: expected {sha256}, got ")
-    failed = shlex.quote(f"{artifact}: download failed from {url}")
-    return (
-        f"rm -f {q_tmp}; "
-        f"curl -fsSL --retry 3 -o {q_tmp} {q_url} || {{ rm -f {q_tmp}; echo {failed} >&2; exit 1; }}; "
-        f"actual=$(sha256sum {q_tmp} | cut -d' ' -f1); "
-        f'if [ "$actual" != {sha256} ]; then rm -f {q_tmp}; '
-        f"echo {mismatch}\"$actual\"'; nothing was installed' >&2; exit 1; fi"
-    )
+def fail(message: str) -> StringCommand:
+    """The one way a role stops its host: a command that prints `message` to stderr and exits
+    1. pyinfra then fails this host alone (the others go on), and the closing summary repeats
+    the message next to the host's re-run command. An operation must not raise instead."""
+    return StringCommand(f"echo {shlex.quote(message)} >&2; exit 1")
+
+
+def fetch_verified(
+    url: str, dest: str, *, artifact: str, sha256: str | None, mode: str | None = None
+) -> StringCommand:
+    """The command that leaves at `dest` the file at `url` only if its sha256 is `sha256`.
+
+    The file arrives as `dest`.part and is renamed into place once checked (root-owned with
+    `mode` first, if given), so `dest` is either the verified file or untouched; a failed
+    download or a mismatch deletes the partial file and stops the host with a message naming
+    `artifact` and `url`. `sha256=None` skips the check: only for an artifact the model has no
+    pin for yet (cuda-keyring); every other caller passes the pin from cluster.yaml.
+    """
+    args = [url, dest, artifact, sha256 or ""] + ([mode] if mode else [])
+    return script("shared_ops/fetch-verified.sh", *args)
 
 
 @operation()
@@ -110,28 +126,24 @@ def verified_binary(url: str, sha256: str, dest: str, artifact: str, mode: str =
     if host.get_fact(Sha256File, path=dest) == sha256:
         host.noop(f"{dest} is the pinned {artifact}")
         return
-    # Beside the destination, so the final mv is an atomic rename on the same filesystem.
-    tmp = f"{dest}.download"
-    yield StringCommand(
-        _fetch_and_check(url, sha256, tmp, artifact)
-        + f"; chown root:root {shlex.quote(tmp)} && chmod {mode} {shlex.quote(tmp)}"
-        + f" && mv -f {shlex.quote(tmp)} {shlex.quote(dest)}"
-    )
+    yield fetch_verified(url, dest, artifact=artifact, sha256=sha256, mode=mode)
 
 
 @operation()
-def verified_deb(package: str, version: str, url: str, sha256: str, artifact: str):
-    """Install `package` `version` from the .deb at `url` unless that version is installed."""
+def verified_deb(package: str, version: str, url: str, sha256: str | None, artifact: str):
+    """Install `package` `version` from the .deb at `url` unless that version is installed.
+
+    `sha256` is None only for cuda-keyring (see fetch_verified)."""
     if version in host.get_fact(DebPackages).get(package, ()):
         host.noop(f"{package} {version} is installed")
         return
     # apt-get only treats an argument as a package file if it ends in .deb.
-    tmp = f"/var/cache/apt/archives/{package}_{version}.verified.deb"
+    deb = f"/var/cache/apt/archives/{package}_{version}.verified.deb"
+    yield fetch_verified(url, deb, artifact=artifact, sha256=sha256)
+    # apt (not dpkg -i) so the package's dependencies come from the configured archives.
     yield StringCommand(
-        _fetch_and_check(url, sha256, tmp, artifact)
-        # apt (not dpkg -i) so the package's dependencies come from the configured archives.
-        + f"; DEBIAN_FRONTEND=noninteractive apt-get install -y {APT_LOCK_WAIT} {DPKG_KEEP_CONFIG}"
-        + f" {shlex.quote(tmp)}; status=$?; rm -f {shlex.quote(tmp)}; exit $status"
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y {APT_LOCK_WAIT} {DPKG_KEEP_CONFIG}"
+        f" {shlex.quote(deb)}; status=$?; rm -f {shlex.quote(deb)}; exit $status"
     )
 
 
@@ -151,8 +163,6 @@ def packages(names: list[str], what: str):
 
 def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
     """Poll `url` from the node until it answers 200; fails with a pointer to the journal."""
-    from pyinfra.operations import server
-
     give_up = shlex.quote(f"{what} did not answer 200 at {url} within {seconds} s")
     return server.shell(
         name=f"Wait until {what} is ready",

@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        # The facts each host asks for are kept between runs (deploy/factcache.py): start
+        # The facts each host asks for are kept between runs (deploy/pyinfra_ext/factcache.py): start
         # without any, as an operator's first deploy does.
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         for i, size in enumerate(int(s) for s in args.sizes.split(",")):

@@ -64,7 +64,13 @@ def run_deploy(inventory=LAB_INVENTORY, limit=None, args=(), timeout=3600) -> De
     if limit:
         argv[1:1] = ["--limit", limit]
     proc = subprocess.run(
-        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
     return DeployRun(proc.returncode, proc.stdout, proc.stderr)
 
@@ -110,6 +116,7 @@ def lab_ssh(lab):
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"{hostname}: {command}: {proc.stderr or proc.stdout}")
@@ -136,4 +143,5 @@ def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
+        check=False,
     )

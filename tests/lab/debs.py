@@ -60,10 +60,11 @@ def _expand(entries: Mapping[str, Entry]) -> dict[str, Entry]:
             data, mode = entry
             if not isinstance(data, (bytes, bytearray)):
                 raise TypeError(f"{raw}: content must be bytes, got {type(data).__name__}")
-            entry = (bytes(data), int(mode))
+            out[name] = (bytes(data), int(mode))
         elif not isinstance(entry, (Symlink, Directory)):
             raise TypeError(f"{raw}: entry must be (bytes, mode), Symlink or Directory")
-        out[name] = entry
+        else:
+            out[name] = entry
     for name in list(out):
         parent = PurePosixPath(name).parent
         while str(parent) != ".":
@@ -153,8 +154,7 @@ def _description_field(package: str, description: str) -> str:
     lines = (description.strip() or f"{package} package").splitlines()
     out = lines[0].strip()
     for line in lines[1:]:
-        line = line.rstrip()
-        out += "\n " + (line.strip() if line.strip() else ".")
+        out += "\n " + (line.strip() or ".")
     return out
 
 

@@ -1,5 +1,6 @@
 """Booting and stopping nodes; every process is found by its own recorded id."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,7 +67,7 @@ def start(spec: LabSpec, node: LabNode) -> None:
     if node.is_storage:
         node.data_disk.mkdir(parents=True, exist_ok=True)
         argv += ["--bind", f"{node.data_disk}:{spec.storage_data_dir}"]
-    log = open(LOGS / f"{node.hostname}.console.log", "ab")
+    log = open(LOGS / f"{node.hostname}.console.log", "ab")  # noqa: SIM115 (the node keeps it)
     proc = subprocess.Popen(
         argv,
         cwd=REPO,
@@ -91,13 +92,11 @@ def kill_leftovers(node: LabNode) -> list[int]:
     its systemd behind, which would otherwise share the root with the next boot."""
     if not Path(f"/run/netns/{node.netns}").exists():
         return []
-    proc = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True)
+    proc = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=False)
     pids = [int(p) for p in proc.stdout.split()]
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for pid in pids:
         _wait_gone(pid, 5)
     return pids
@@ -108,10 +107,8 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     while time.monotonic() < deadline:
         if not Path(f"/proc/{pid}").exists():
             return True
-        try:  # reap it if it is our child
+        with contextlib.suppress(ChildProcessError):  # reap it if it is our child
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.2)
     return not Path(f"/proc/{pid}").exists()
 
@@ -142,13 +139,15 @@ def wait_ready(spec: LabSpec, node: LabNode, timeout: float = 120) -> str:
     while time.monotonic() < deadline:
         if supervisor_pid(node) is None:
             raise LabError(
-                f"{node.hostname}: its supervisor is not running; see {LOGS / (node.hostname + '.console.log')}"
+                f"{node.hostname}: its supervisor is not running; "
+                f"see {LOGS / (node.hostname + '.console.log')}"
             )
         proc = subprocess.run(
             ssh_argv(spec, node, "systemctl", "is-system-running", "--wait"),
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,
         )
         last = (proc.stdout or proc.stderr).strip() or f"ssh exited {proc.returncode}"
         if last in ("running", "degraded"):

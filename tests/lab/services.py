@@ -37,7 +37,7 @@ def _daemon(name: str, argv: list[str], port: int, marker: str) -> None:
         return
     RUN.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
-    log = open(LOGS / f"{name}.log", "ab")
+    log = open(LOGS / f"{name}.log", "ab")  # noqa: SIM115 (the service keeps it)
     proc = subprocess.Popen(
         argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )

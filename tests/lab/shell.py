@@ -14,6 +14,7 @@ def run(*argv, check=True, capture=True, input=None, timeout=None):
         text=True,
         input=input,
         timeout=timeout,
+        check=False,
     )
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip()

@@ -68,16 +68,16 @@ def reset_kernel_network_state(netns: str) -> None:
     enter = ["nsenter", f"--net={netns}"]
     for tool in ("iptables", "ip6tables"):
         for table in ("filter", "nat", "mangle", "raw"):
-            subprocess.run(enter + [tool, "-t", table, "-F"], capture_output=True)
-            subprocess.run(enter + [tool, "-t", table, "-X"], capture_output=True)
+            subprocess.run(enter + [tool, "-t", table, "-F"], capture_output=True, check=False)
+            subprocess.run(enter + [tool, "-t", table, "-X"], capture_output=True, check=False)
         for chain in ("INPUT", "FORWARD", "OUTPUT"):
-            subprocess.run(enter + [tool, "-P", chain, "ACCEPT"], capture_output=True)
-    links = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True)
+            subprocess.run(enter + [tool, "-P", chain, "ACCEPT"], capture_output=True, check=False)
+    links = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True, check=False)
     for line in links.stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
         if name not in ("lo", "eth0"):
-            subprocess.run(enter + ["ip", "addr", "flush", "dev", name], capture_output=True)
-            subprocess.run(enter + ["ip", "link", "set", name, "down"], capture_output=True)
+            subprocess.run(enter + ["ip", "addr", "flush", "dev", name], capture_output=True, check=False)
+            subprocess.run(enter + ["ip", "link", "set", name, "down"], capture_output=True, check=False)
 
 
 def main() -> int:

@@ -55,6 +55,7 @@ def lab_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        check=False,
     )
 
 
@@ -67,6 +68,7 @@ def rebuild(hostname: str, *pyinfra_args: str) -> DeployRun:
         text=True,
         timeout=1800,
         stdin=subprocess.DEVNULL,
+        check=False,
     )
     return DeployRun(proc.returncode, proc.stdout, proc.stderr)
 
@@ -195,6 +197,7 @@ def dry_run(hostname: str) -> dict:
         text=True,
         timeout=600,
         stdin=subprocess.DEVNULL,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)

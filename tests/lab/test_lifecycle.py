@@ -33,14 +33,18 @@ def small_lab(tmp_path_factory):
 
 def _ssh(spec, hostname, command):
     return subprocess.run(
-        nodes.ssh_argv(spec, spec.node(hostname), command), capture_output=True, text=True, timeout=60
+        nodes.ssh_argv(spec, spec.node(hostname), command),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
 def _leftovers(spec) -> list[str]:
     found = []
     names = network.netns_list()
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
     for node in spec.nodes:
         if node.netns in names:
             found.append(f"netns {node.netns}")
@@ -51,7 +55,9 @@ def _leftovers(spec) -> list[str]:
             found.append(f"mount {node.root}")
         if node.dir.exists():
             found.append(f"dir {node.dir}")
-        ps = subprocess.run(["pgrep", "-f", f"-M {node.hostname} "], capture_output=True, text=True)
+        ps = subprocess.run(
+            ["pgrep", "-f", f"-M {node.hostname} "], capture_output=True, text=True, check=False
+        )
         if ps.stdout.strip():
             found.append(f"nspawn of {node.hostname}")
     for bridge in (spec.bridge_mgmt, spec.bridge_ib):

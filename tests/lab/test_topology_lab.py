@@ -8,8 +8,13 @@ eight) are per_domain, lab-gpu3 per_node.
 
 A stopped agent stays listed by the master, disabled, for agent_reconnect_wait (25 s); the
 checks here judge enabled agents at once and then wait for the stale ones to be dropped.
+
+The NVLink lines (each node's domains, the largest trial inside one domain) are printed by
+`python -m tests.verify` after its matrix, from what its topology checks read on the nodes.
 """
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,7 +22,7 @@ import yaml
 
 from tests.verify.master_api import _http, _master_url, _slot_count
 
-from .conftest import LAB_CLUSTER, run_verify
+from .conftest import LAB_CLUSTER, REPO, run_verify
 
 pytestmark = pytest.mark.lab
 
@@ -26,7 +31,19 @@ PRESET_DOMAINS = {"a100-2x4": (4, 4), "a100-nvswitch-8": (8,)}
 DEFAULT_PRESET = "a100-2x4"  # the nvidia-smi stand-in's own topology
 RECONNECT_WAIT = 25  # seconds: the resource pool's default agent_reconnect_wait
 VERIFY_TOPOLOGY = ("-k", "test_topology_agents or test_determined")
-SUMMARY = "largest slots_per_trial inside one NVLink domain on every agent node: {}"
+SUMMARY = "--> largest slots_per_trial inside one NVLink domain on every agent node: {}"
+
+
+def verify_command(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
+    """`python -m tests.verify`: its matrix, then the NVLink lines (two workers: the lab host's cores)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.verify", "--cluster", str(cluster), "-n", "2", *args],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def domain_sizes(hostname: str) -> tuple[int, ...]:
@@ -184,10 +201,14 @@ def test_lab_layout_one_agent_per_domain(deployed, lab, lab_ssh):
             assert node_units(lab_ssh, node.hostname) == per_domain_units(node.hostname)
         else:
             assert node_units(lab_ssh, node.hostname) == PER_NODE_UNITS
-    largest = min(max(domain_sizes(n.hostname)) for n in lab.agents)
-    assert SUMMARY.format(largest) in deployed.stderr, deployed.stderr[-2000:]
-    verify = run_verify(*VERIFY_TOPOLOGY)
+    verify = verify_command(*VERIFY_TOPOLOGY)
     assert verify.returncode == 0, verify.stdout[-4000:]
+    largest = min(max(domain_sizes(n.hostname)) for n in lab.agents)
+    assert SUMMARY.format(largest) in verify.stdout.splitlines(), verify.stdout[-2000:]
+    sizes = {n.hostname: "+".join(str(size) for size in domain_sizes(n.hostname)) for n in lab.agents}
+    domains_line = next(line for line in verify.stdout.splitlines() if line.startswith("--> NVLink domains"))
+    for node in lab.agents:
+        assert f"{node.hostname} {sizes[node.hostname]} ({node.agent_layout})" in domains_line
     assert sorted(enabled(agents)) == sorted(expected_cluster(lab))
 
 
@@ -203,10 +224,12 @@ def test_flip_to_per_node_and_back(deployed, deploy, lab, lab_ssh, flip_node, pe
         assert node_units(lab_ssh, flip_node) == PER_NODE_UNITS
         wait_for_agents(lab, expected_cluster(lab, {flip_node: "per_node"}))
         wait_until_dropped(lab, per_domain_ids)
-        unenforced = [line for line in run.stderr.splitlines() if line.strip().startswith("not enforced on ")]
-        assert len(unenforced) == 1 and flip_node in unenforced[0], run.stderr[-2000:]
-        verify = run_verify(*VERIFY_TOPOLOGY, cluster=cluster_copy)
+        verify = verify_command(*VERIFY_TOPOLOGY, cluster=cluster_copy)
         assert verify.returncode == 0, verify.stdout[-4000:]
+        unenforced = [
+            line for line in verify.stdout.splitlines() if line.strip().startswith("not enforced on ")
+        ]
+        assert len(unenforced) == 1 and flip_node in unenforced[0], verify.stdout[-2000:]
         again = deploy(inventory=inventory_copy)
         assert again.returncode == 0, again.stderr[-4000:]
         assert again.results["totals"]["success"] == 0, again.changed_operations()

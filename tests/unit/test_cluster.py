@@ -9,13 +9,14 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from deploy import cluster as cluster_module
-from deploy.cluster import ClusterError, load_cluster
+from deploy.cluster import ClusterError, checks, load_cluster
 from deploy.secrets import REPO_ROOT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,8 +38,20 @@ CORPUS_ENV = {
     "DTTEST_SHORT": "short7x",
     "DTTEST_WEAK": "weakpass",
 }
+# Refused for their content: a line break inside, a control character.
+CORPUS_ENV_BROKEN = {"DTTEST_NEWLINE": "Corpus-Env\nNewline-5", "DTTEST_CONTROL": "Corpus-Env\tTab-6"}
 # Values written straight into corpus files where a reference belongs.
 CORPUS_PLAINTEXT = ["minioadmin", "hunter2", "12345678"]
+# Secret files the corpus refers to by absolute path (a file in the repository is refused):
+# name -> (content, mode). Only the last one is valid.
+CORPUS_SECRET_DIR = Path("/tmp/dtlab-unit-corpus-secrets")
+CORPUS_SECRET_FILES = {
+    "world-readable": ("Corpus-File-World-1\n", 0o644),
+    "group-writable": ("Corpus-File-Group-2\n", 0o620),
+    "inner-newline": ("Corpus-File\nInner-3\n", 0o600),
+    "control": ("Corpus-File\x1b[2J-4\n", 0o600),
+    "blank-lines": ("Corpus-File-Blank-5\n\n\n", 0o600),
+}
 
 # The smallest valid file: everything else comes from defaults.
 MINIMAL = """\
@@ -58,11 +71,26 @@ determined: {admin_password: {env: DTTEST_ADMIN_PASSWORD}}
 """.replace("PIN", PIN)
 
 
+def _corpus_secret_files() -> None:
+    """Write CORPUS_SECRET_FILES; atomic and idempotent (pytest-xdist workers run it at once)."""
+    CORPUS_SECRET_DIR.mkdir(mode=0o700, exist_ok=True)
+    for name, (content, mode) in CORPUS_SECRET_FILES.items():
+        path = CORPUS_SECRET_DIR / name
+        if path.exists() and path.read_bytes() == content.encode() and path.stat().st_mode & 0o777 == mode:
+            continue
+        fd, tmp = tempfile.mkstemp(dir=CORPUS_SECRET_DIR)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content.encode())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+
 @pytest.fixture
 def corpus_env(monkeypatch):
-    for name, value in CORPUS_ENV.items():
+    for name, value in {**CORPUS_ENV, **CORPUS_ENV_BROKEN}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DTTEST_UNSET", raising=False)
+    _corpus_secret_files()
 
 
 def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:
@@ -79,6 +107,7 @@ def lab_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     for name in ("minio_access_key", "minio_secret_key", "db_password", "admin_password"):
         values[name] = f"Lab-{name}-S3cret"
         (secrets_dir / name).write_text(values[name] + "\n")
+        (secrets_dir / name).chmod(0o600)
     text = LAB.read_text()
     assert text.count("/var/lib/dtlab/secrets/") == 4
     text = text.replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
@@ -101,8 +130,7 @@ def test_lab_file_loads(tmp_path):
     assert c.node("lab-gpu2").ipoib_address == ipaddress.IPv4Address("10.78.0.12")
     assert c.network.management == ipaddress.IPv4Network("10.77.0.0/24")
     assert c.ssh.strict_host_key_checking is False
-    assert c.preflight.allows("Debian 12", "6.1.0-18-amd64")
-    assert not c.preflight.allows("Ubuntu 20.04", "5.4.0-100-generic")
+    assert c.preflight.allowed_os == (("Debian 12", ("6.*",)),)
     assert c.storage.endpoint_url == "http://lab-master:9000"
     # One trailing newline is not part of the secret.
     assert c.storage.access_key.value == values["minio_access_key"]
@@ -133,7 +161,6 @@ def test_defaults(tmp_path, corpus_env):
         "2.14.3",
         "5.8-3.0.7.0",
     )
-    assert (c.versions.driver_branch, c.versions.cuda_major_minor) == ("515", "11.7")
     assert c.sources.apt_proxy is None
     assert c.sources.cuda_repo == (
         "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
@@ -167,7 +194,10 @@ def test_defaults(tmp_path, corpus_env):
 def test_explicit_values_override_defaults(tmp_path, corpus_env):
     text = MINIMAL.replace("roles: [agent]}", "roles: [agent], slots: 4, agent_layout: per_domain}")
     text = text.replace("storage: {bucket", "storage: {host: a1, port: 9100, prefix: runs, bucket")
-    text += "determined: {agent_layout: per_domain, slot_type: cpu, admin_password: {env: DTTEST_ADMIN_PASSWORD}}\n"
+    text += (
+        "determined: {agent_layout: per_domain, slot_type: cpu,"
+        " admin_password: {env: DTTEST_ADMIN_PASSWORD}}\n"
+    )
     text = text.replace("determined: {admin_password: {env: DTTEST_ADMIN_PASSWORD}}\n", "", 1)
     c = load_cluster(write(tmp_path, text))
     assert c.node("a1").roles == ("storage", "agent")
@@ -209,13 +239,13 @@ def test_source_helpers(tmp_path, corpus_env):
 
 def test_model_lookups(tmp_path, corpus_env):
     c = load_cluster(write(tmp_path, MINIMAL))
-    assert c.node("a1").has("agent") and not c.node("a1").has("master")
+    assert c.nodes_with("agent") == (c.node("a1"),)
     with pytest.raises(KeyError):
         c.node("nope")
     with pytest.raises(ValueError):
         c.nodes_with("agents")
     with pytest.raises(AttributeError):
-        c.master_port = 1  # frozen
+        c.master_port = 1  # type: ignore[misc]  # frozen
 
 
 def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeypatch):
@@ -288,7 +318,7 @@ def expectations(path: Path) -> list[str]:
 
 
 def test_corpus_is_large_enough():
-    assert len(CORPUS) >= 20
+    assert len(CORPUS) >= 80
     assert all(expectations(p) for p in CORPUS), "every corpus file states what it expects"
 
 
@@ -298,13 +328,16 @@ def test_broken_file(path, corpus_env, monkeypatch):
     with pytest.raises(ClusterError) as e:
         load_cluster(path.name)
     problems = e.value.problems
-    assert sorted(problems) == sorted(expectations(path))
+    # In file order: by the line and column of the key (of its parent when it is missing).
+    assert problems == expectations(path)
     assert str(e.value) == "\n".join(problems)
 
 
 def test_corpus_never_shows_a_secret(corpus_env, monkeypatch):
     monkeypatch.chdir(BROKEN)
     secrets = [v for v in CORPUS_ENV.values() if v] + CORPUS_PLAINTEXT
+    secrets += list(CORPUS_ENV_BROKEN.values()) + [c.strip() for c, _ in CORPUS_SECRET_FILES.values()]
+    secrets += [part for v in CORPUS_ENV_BROKEN.values() for part in v.split()]
     for path in CORPUS:
         with pytest.raises(ClusterError) as e:
             load_cluster(path.name)
@@ -405,7 +438,7 @@ def test_missing_file(tmp_path, monkeypatch):
     ],
 )
 def test_bucket_names(name, why):
-    assert cluster_module._bucket_problem(name) == why
+    assert checks.bucket_problem(name) == why
 
 
 # --- secrets ---------------------------------------------------------------------------------
@@ -454,7 +487,7 @@ def secret_file_problem(tmp_path: Path, target: str) -> list[str]:
 
 
 def test_secret_file_inside_the_repository_is_refused(tmp_path, corpus_env):
-    inside = REPO_ROOT / "deploy" / "cluster.py"
+    inside = REPO_ROOT / "deploy" / "secrets.py"
     assert secret_file_problem(tmp_path, str(inside)) == [
         (
             f"{tmp_path}/cluster.yaml: database.password: {{file: {inside}}}: "
@@ -467,17 +500,85 @@ def test_secret_file_inside_the_repository_is_refused(tmp_path, corpus_env):
     assert "inside the repository" in secret_file_problem(tmp_path, str(link))[0]
 
 
+def secret_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_bytes(text.encode())
+    path.chmod(mode)
+    return path
+
+
 def test_empty_secret_file_is_refused(tmp_path, corpus_env):
-    (tmp_path / "empty").write_text("\n")
+    secret_file(tmp_path / "empty", "\n")
     assert secret_file_problem(tmp_path, str(tmp_path / "empty")) == [
         (f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/empty}}: the file is empty")
     ]
 
 
-def test_only_one_trailing_newline_is_stripped(tmp_path, corpus_env):
-    (tmp_path / "pw").write_text("two-newlines\n\n")
+@pytest.mark.parametrize("ending", ["", "\n", "\n\n", "\r\n", "\r\n\r\n", "\n\r\n"])
+def test_trailing_line_breaks_are_not_part_of_the_secret(tmp_path, corpus_env, ending):
+    secret_file(tmp_path / "pw", "Trailing-1" + ending)
     text = MINIMAL.replace("{env: DTTEST_DB_PASSWORD}", f"{{file: {tmp_path}/pw}}")
-    assert load_cluster(write(tmp_path, text)).database.password.value == "two-newlines\n"
+    assert load_cluster(write(tmp_path, text)).database.password.value == "Trailing-1"
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        ("in\nside\n", "the file holds a line break inside the secret (only trailing ones are dropped)"),
+        ("in\r\nside", "the file holds a line break inside the secret (only trailing ones are dropped)"),
+        ("tab\there", "the file holds a control character (a tab, escape or NUL, ...)"),
+        ("esc\x1b[2J", "the file holds a control character (a tab, escape or NUL, ...)"),
+        ("nul\x00byte", "the file holds a control character (a tab, escape or NUL, ...)"),
+        ("\n\n", "the file is empty"),
+    ],
+)
+def test_secret_file_content_is_checked_without_showing_it(tmp_path, corpus_env, content, why):
+    secret_file(tmp_path / "pw", content)
+    problems = secret_file_problem(tmp_path, str(tmp_path / "pw"))
+    assert problems == [f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/pw}}: {why}"]
+    for word in ("inside", "side", "here", "byte"):
+        assert word not in problems[0].split(": ", 3)[3].replace("inside the secret", "")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o602, 0o620])
+def test_secret_file_readable_or_writable_by_others_is_refused(tmp_path, corpus_env, mode):
+    secret_file(tmp_path / "pw", "Mode-Secret-1\n", mode)
+    assert secret_file_problem(tmp_path, str(tmp_path / "pw")) == [
+        (
+            f"{tmp_path}/cluster.yaml: database.password: {{file: {tmp_path}/pw}}: "
+            f"the file is readable or writable by group or others (mode {mode:04o}): "
+            f"chmod 600 {tmp_path}/pw"
+        )
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_secret_file_for_its_owner_only_is_accepted(tmp_path, corpus_env, mode):
+    secret_file(tmp_path / "pw", "Mode-Secret-1\n", mode)
+    text = MINIMAL.replace("{env: DTTEST_DB_PASSWORD}", f"{{file: {tmp_path}/pw}}")
+    assert load_cluster(write(tmp_path, text)).database.password.value == "Mode-Secret-1"
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("line\nbreak", "holds a line break inside the secret (only trailing ones are dropped)"),
+        ("tab\tinside", "holds a control character (a tab, escape or NUL, ...)"),
+        ("\n", "is empty"),
+    ],
+)
+def test_env_secret_content_is_checked(tmp_path, corpus_env, monkeypatch, value, why):
+    monkeypatch.setenv("DTTEST_DB_PASSWORD", value)
+    with pytest.raises(ClusterError) as e:
+        load_cluster(write(tmp_path, MINIMAL))
+    assert e.value.problems == [
+        f"{tmp_path}/cluster.yaml: database.password: {{env: DTTEST_DB_PASSWORD}}: "
+        f"environment variable DTTEST_DB_PASSWORD {why}"
+    ]
+
+
+def test_env_secret_trailing_newline_is_dropped(tmp_path, corpus_env, monkeypatch):
+    monkeypatch.setenv("DTTEST_DB_PASSWORD", "env-secret\r\n")
+    assert load_cluster(write(tmp_path, MINIMAL)).database.password.value == "env-secret"
 
 
 def test_unresolved_secrets_for_reference_only_tools(tmp_path, monkeypatch):
@@ -486,7 +587,7 @@ def test_unresolved_secrets_for_reference_only_tools(tmp_path, monkeypatch):
     c = load_cluster(write(tmp_path, MINIMAL), resolve_secrets=False)
     assert str(c.storage.access_key.reference) == "{env: DTTEST_ACCESS_KEY}"
     with pytest.raises(RuntimeError):
-        c.storage.access_key.value
+        _ = c.storage.access_key.value
 
 
 # --- command line ----------------------------------------------------------------------------

@@ -1,45 +1,130 @@
+"""deploy/pyinfra_ext/factcache.py against the installed pyinfra: the upgrade gate of the cache.
+
+Most checks here run pyinfra's own code (the @local connector, pyinfra's get_fact, its
+argument handling), so a pyinfra release that changes what the cache relies on fails here
+before TESTED_PYINFRA in deploy/pyinfra_ext/__init__.py is raised.
+"""
+
 import subprocess
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import Config, Inventory, State
+from pyinfra.api.arguments import pop_global_arguments
 from pyinfra.api.connect import connect_all
 from pyinfra.api.facts import FactBase, get_fact
+from pyinfra.connectors.util import CommandOutput
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Block, Directory, File, FindInFile, Sha1File
 from pyinfra.facts.server import Date, Hostname, Which
 
-from deploy import factcache
+from deploy.pyinfra_ext import factcache
 
 
-def test_cached_until_a_command_runs_on_that_host():
+@pytest.fixture
+def hosts():
+    """Two SSH hosts that are never connected: keys and the wrapper need no connection."""
+    inventory = Inventory((["a", "b"], {}))
+    state = State(inventory, Config())
+    return state, inventory.get_host("a"), inventory.get_host("b")
+
+
+def counting_get_fact():
     reads = []
 
     def original(host, cls, *args, **kwargs):
-        reads.append((host.name, cls))
+        reads.append((host.name, cls, args, kwargs))
         return len(reads)
 
-    get_fact_ = factcache._cached_get_fact(original)
+    return factcache._cached_get_fact(original), reads
+
+
+def in_operation(state, host, **global_arguments):
+    """What pyinfra sets while an operation with these global arguments is planned or run."""
+    host.current_op_global_arguments = pop_global_arguments(state, host, dict(global_arguments))[0]
+
+
+def test_cached_until_a_command_runs_on_that_host(hosts):
+    state, a, b = hosts
+    get_fact_, _ = counting_get_fact()
     execute = factcache._forgetting_execute(lambda command, state, host, args: "ran")
-    a, b = SimpleNamespace(name="a"), SimpleNamespace(name="b")
 
     assert get_fact_(a, DebPackages) == get_fact_(a, DebPackages) == 1
     assert get_fact_(b, DebPackages) == 2  # per host
     assert get_fact_(a, File, path="/x") == get_fact_(a, File, path="/x") == 3
+    assert get_fact_(a, File, "/x") == 3  # bound to the fact's signature, as pyinfra does
     assert get_fact_(a, File, path="/y") == 4  # other arguments, other fact
-    assert execute(None, None, a, {}) == "ran"
+    assert execute(None, state, a, {}) == "ran"
     assert get_fact_(a, DebPackages) == 5  # re-read after a change on a
     assert get_fact_(b, DebPackages) == 2  # b did not change
 
 
-def test_a_clock_and_unhashable_arguments_are_never_cached():
-    count = iter(range(100))
-    get_fact_ = factcache._cached_get_fact(lambda host, cls, *a, **k: next(count))
-    a = SimpleNamespace(name="a")
+def test_a_clock_and_unhashable_arguments_are_never_cached(hosts):
+    _, a, _ = hosts
+    get_fact_, _ = counting_get_fact()
     assert get_fact_(a, Date) != get_fact_(a, Date)
     assert get_fact_(a, File, path={"/x"}) != get_fact_(a, File, path={"/x"})
     # Lists (systemd facts take services=[...]) are cached, by value.
     assert get_fact_(a, Which, command=["a", "b"]) == get_fact_(a, Which, command=["a", "b"])
+
+
+def test_connector_arguments_are_part_of_the_key(hosts):
+    """A read as root and one as the login user are different facts (pyinfra 2.x's own cache
+    hashed the executor arguments too); so are reads with another env, shell or directory."""
+    state, a, _ = hosts
+    get_fact_, reads = counting_get_fact()
+    plain = get_fact_(a, File, path="/x")
+    assert get_fact_(a, File, path="/x", _sudo=True) != plain
+    assert get_fact_(a, File, path="/x", _sudo=True) == 2  # cached under its own key
+    # Inside an operation, its global arguments apply to every fact it reads.
+    in_operation(state, a, _sudo=True)
+    try:
+        assert get_fact_(a, File, path="/x") == 2
+        assert get_fact_(a, File, path="/x", _sudo=False) == plain  # a per-call override wins
+    finally:
+        a.current_op_global_arguments = None
+    assert get_fact_(a, File, path="/x") == plain
+    assert len(reads) == 2
+
+    base = factcache.cache_key(state, a, File, (), {"path": "/x"})
+    variants = {
+        "_sudo": True,
+        "_sudo_user": "postgres",
+        "_use_sudo_login": True,
+        "_preserve_sudo_env": True,
+        "_su_user": "nobody",
+        "_shell_executable": "bash",
+        "_chdir": "/tmp",
+        "_env": {"LANG": "C"},
+    }
+    keys = {
+        name: factcache.cache_key(state, a, File, (), {"path": "/x", name: v}) for name, v in variants.items()
+    }
+    assert base is not None and None not in keys.values()
+    assert len({base, *keys.values()}) == len(variants) + 1, keys
+
+
+def test_the_key_holds_what_pyinfra_runs_the_read_with(local_state, monkeypatch):
+    """Contract: the connector arguments in the key are those pyinfra's get_fact hands the
+    connector, operation arguments and per-call overrides merged the same way."""
+    state, host = local_state
+    seen = []
+
+    def run_shell_command(command, print_output=False, print_input=False, **kwargs):
+        seen.append(kwargs)
+        return True, CommandOutput([])
+
+    monkeypatch.setattr(host, "run_shell_command", run_shell_command)
+    call = {"path": "/x", "_su_user": "nobody"}
+    in_operation(state, host, _sudo=True, _env={"A": "1"})
+    try:
+        get_fact(state, host, File, kwargs=dict(call))
+        _, connector_kwargs = factcache.resolve(state, host, File, (), call)
+    finally:
+        host.current_op_global_arguments = None
+    assert seen == [connector_kwargs]
+    assert (connector_kwargs["_sudo"], connector_kwargs["_su_user"]) == (True, "nobody")
+    assert connector_kwargs["_env"]["A"] == "1"
 
 
 def test_wanted_entries_round_trip_only_what_json_keeps():
@@ -73,7 +158,7 @@ def test_wanted_facts_are_saved_per_host_and_loaded_back(tmp_path, monkeypatch):
 
 
 def lines_as_pyinfra_reads_them(command: str) -> tuple[int, list[str]]:
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    out = subprocess.run(["sh", "-c", command], check=False, capture_output=True, text=True)
     return out.returncode, [line.rstrip("\n") for line in out.stdout.splitlines(keepends=True)]
 
 
@@ -87,7 +172,7 @@ def lines_as_pyinfra_reads_them(command: str) -> tuple[int, list[str]]:
 )
 def test_batch_output_splits_into_what_each_command_alone_gives(commands):
     script = factcache.batch_script(commands)
-    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout
+    out = subprocess.run(["sh", "-c", script], check=False, capture_output=True, text=True).stdout
     parsed = factcache.parse_batch([line.rstrip("\n") for line in out.splitlines(keepends=True)])
     for i, command in enumerate(commands):
         if "fact 7" in command:
@@ -122,7 +207,7 @@ def test_a_batch_reads_the_same_values_as_pyinfra_fact_by_fact(local_state, tmp_
     cache = factcache._cache(host)
     for cls, args, kwargs in wanted:
         expected = get_fact(state, host, cls, args=list(args), kwargs=dict(kwargs))
-        assert cache[factcache.cache_key(cls, args, kwargs)] == expected, (cls, kwargs)
+        assert cache[factcache.cache_key(state, host, cls, args, kwargs)] == expected, (cls, kwargs)
 
 
 class Failing(FactBase):
@@ -142,9 +227,11 @@ def test_a_fact_the_batch_cannot_read_is_left_to_pyinfra(local_state):
     wanted = [(Failing, (), {}), (NeedsMissingTool, (), {}), (Hostname, (), {})]
     assert factcache.read_batch(state, host, wanted) == 1
     cache = factcache._cache(host)
-    assert factcache.cache_key(Failing, (), {}) not in cache
-    assert factcache.cache_key(NeedsMissingTool, (), {}) not in cache
-    assert factcache.cache_key(Hostname, (), {}) in cache
+    assert factcache.cache_key(state, host, Failing, (), {}) not in cache
+    assert factcache.cache_key(state, host, NeedsMissingTool, (), {}) not in cache
+    assert factcache.cache_key(state, host, Hostname, (), {}) in cache
+    # Read without sudo: an operation reading it with sudo does not get that value.
+    assert factcache.cache_key(state, host, Hostname, (), {"_sudo": True}) not in cache
 
 
 def test_a_file_read_predicts_its_checksum_read():

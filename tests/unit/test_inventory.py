@@ -34,6 +34,7 @@ def lab_copy(directory: Path) -> tuple[Path, list[str]]:
     for name in ("minio_access_key", "minio_secret_key", "db_password", "admin_password"):
         values.append(f"Inv-{name}-S3cret")
         (secrets_dir / name).write_text(values[-1] + "\n")
+        (secrets_dir / name).chmod(0o600)  # deploy/secrets.py refuses group/world-readable files
     text = LAB.read_text().replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
     path = directory / "cluster.yaml"
     path.write_text(text)

@@ -12,7 +12,7 @@ from deploy.firewall import foreign_rules
 from roles.apt_proxy import apt_conf
 from roles.hosts import hosts_block
 from roles.ipoib import ifupdown_stanza, netplan_doc
-from roles.preflight import os_label, os_problems, port_problem
+from roles.preflight import cgroup_unit, os_label, os_problems, port_problem
 
 ALLOWED = {"Ubuntu 20.04": ("5.4.0-100-generic",), "Ubuntu 22.04": ("5.15.0-100-generic",)}
 
@@ -54,6 +54,14 @@ def test_port_problem_names_the_process_and_unit():
 def test_port_held_by_our_master_is_fine():
     assert port_problem(23457, ("python3", 99), "determined-master.service") is None
     assert port_problem(23457, (None, None), None) is None
+
+
+def test_cgroup_unit_from_proc_cgroup_lines():
+    # cgroup v2 (one line) and v1 (one line per controller); None: no file (FileContents).
+    assert cgroup_unit(["0::/system.slice/determined-master.service"]) == "determined-master.service"
+    v1 = ["12:pids:/user.slice/user-0.slice/session-4.scope", "1:name=systemd:/user.slice/user-0.slice"]
+    assert cgroup_unit(v1) == "session-4.scope"
+    assert cgroup_unit(None) is None and cgroup_unit(["0::/"]) is None
 
 
 def _cluster():
@@ -142,9 +150,10 @@ def _plan() -> list[tuple[str, str | None]]:
     steps = []
     for stmt in ast.parse(inspect.getsource(site.run)).body[0].body:
         guard = None
+        step = stmt
         if isinstance(stmt, ast.If):
-            guard, stmt = stmt.test.left.value, stmt.body[0]
-        call = getattr(stmt, "value", None)
+            guard, step = stmt.test.left.value, stmt.body[0]
+        call = getattr(step, "value", None)
         if isinstance(call, ast.Call):
             func = call.func
             steps.append((func.value.id if isinstance(func, ast.Attribute) else func.id, guard))

@@ -15,8 +15,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from pyinfra.context import ctx_host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Sha256File
 
-from deploy.facts_gpu import parse_ibstat, parse_madison, parse_ofed_info
+from deploy.facts.apt import AptRepoVersions, HeldPackages, parse_madison
+from deploy.facts.fabric import OfedRelease, parse_ibstat, parse_ofed_info
 from deploy.pins import (
     NVIDIA_REPO_ORIGIN,
     PinError,
@@ -30,7 +34,27 @@ from deploy.pins import (
     nccl_version_code,
     ofed_release,
 )
-from roles import apt_pins, cuda, mofed, nvidia_driver
+from roles import apt_pins, apt_pinsets, cuda, mofed, nvidia_driver
+from roles.shared_ops import fetch_verified
+
+
+class FakeHost:
+    """The Host methods the custom operations use, with facts from a table."""
+
+    def __init__(self, facts: dict):
+        self.facts, self.noops = facts, list[str]()
+
+    def get_fact(self, cls, **kwargs):
+        return self.facts[cls]
+
+    def noop(self, message):
+        self.noops.append(message)
+
+
+def run_op(op, facts: dict, *args, **kwargs) -> list:
+    with ctx_host.use(FakeHost(facts)):
+        return list(op._inner(*args, **kwargs))
+
 
 # --------------------------------------------------------------------------------------------
 # deploy/pins.py
@@ -109,7 +133,7 @@ def test_parse_madison_flat_and_suite_repos():
     repo = "http://10.77.0.1:8077/cuda/repos/debian12/x86_64"
     assert found["cuda-drivers-515"] == {("515.65.01-1", repo), ("515.48.07-1", repo)}
     assert found["nvidia-driver-515"] == {("515.65.01-0ubuntu0.20.04.1", "http://archive.ubuntu.com/ubuntu")}
-    assert apt_pins.missing_from_repo(
+    assert apt_pinsets.missing_from_repo(
         {"cuda-drivers-515": "515.65.01-1", "nvidia-driver-515": "515.65.01-0ubuntu1"},
         found,
         repo + "/",
@@ -119,8 +143,37 @@ def test_parse_madison_flat_and_suite_repos():
 def test_not_at_pin():
     pins = {"libnccl2": "2.14.3-1+cuda11.7", "libnccl-dev": "2.14.3-1+cuda11.7"}
     installed = {"libnccl2": {"2.13.4-1+cuda11.7"}, "libnccl-dev": {"2.14.3-1+cuda11.7"}}
-    assert apt_pins.not_at_pin(pins, installed) == {"libnccl2": "2.14.3-1+cuda11.7"}
-    assert apt_pins.not_at_pin(pins, {}) == pins
+    assert apt_pinsets.not_at_pin(pins, installed) == {"libnccl2": "2.14.3-1+cuda11.7"}
+    assert apt_pinsets.not_at_pin(pins, {}) == pins
+
+
+REPO_URL = "http://mirror/cuda/repos/debian12/x86_64/"
+
+
+def test_available_stops_the_host_naming_what_the_repo_lacks():
+    pinset = nccl_pins("2.14.3", "11.7.1")
+    offered = {"libnccl2": {("2.14.3-1+cuda11.7", REPO_URL.rstrip("/"))}}
+    [command] = run_op(apt_pins.available, {DebPackages: {}, AptRepoVersions: offered}, pinset, REPO_URL)
+    proc = subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"nccl: the apt repository {REPO_URL} does not offer libnccl-dev=2.14.3-1+cuda11.7: "
+        "add it to the mirror, or change versions in cluster.yaml"
+    )
+    installed = {p: {v} for p, v in pinset.packages}
+    assert run_op(apt_pins.available, {DebPackages: installed}, pinset, REPO_URL) == []
+
+
+def test_update_and_hold_only_when_needed():
+    pins = nccl_pins("2.14.3", "11.7.1").as_dict()
+    installed = {p: {v} for p, v in pins.items()}
+    assert run_op(apt_pins.update_if_stale, {DebPackages: installed}, pins, REPO_URL) == []
+    stale: dict = {DebPackages: {}, AptRepoVersions: {}}
+    [update] = run_op(apt_pins.update_if_stale, stale, pins, REPO_URL)
+    assert str(update) == "apt-get -o DPkg::Lock::Timeout=600 update"
+    assert run_op(apt_pins.hold, {HeldPackages: set(pins)}, list(pins)) == []
+    [hold] = run_op(apt_pins.hold, {HeldPackages: {"libnccl2"}}, list(pins))
+    assert str(hold) == "apt-mark hold libnccl-dev"
 
 
 def test_parse_ofed_info():
@@ -166,18 +219,20 @@ def test_os_release_and_repo_names():
         "minor": 4,
         "release_meta": {"ID": "ubuntu", "VERSION_ID": "20.04"},
     }
-    assert apt_pins.os_release(fact) == ("ubuntu", "20.04")
-    assert apt_pins.sources_list_path("ubuntu", "20.04") == (
+    assert apt_pinsets.os_release(fact) == ("ubuntu", "20.04")
+    assert apt_pinsets.sources_list_path("ubuntu", "20.04") == (
         "/etc/apt/sources.list.d/cuda-ubuntu2004-x86_64.list"
     )
-    assert apt_pins.sources_list_path("debian", "12") == ("/etc/apt/sources.list.d/cuda-debian12-x86_64.list")
-    line = apt_pins.sources_list("http://mirror/cuda/repos/ubuntu2004/x86_64/")
+    assert apt_pinsets.sources_list_path("debian", "12") == (
+        "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+    )
+    line = apt_pinsets.sources_list("http://mirror/cuda/repos/ubuntu2004/x86_64/")
     assert (
         "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
         "http://mirror/cuda/repos/ubuntu2004/x86_64/ /\n"
     ) in line
     with pytest.raises(ValueError, match="cannot tell the distribution"):
-        apt_pins.os_release({"name": None, "release_meta": {}})
+        apt_pinsets.os_release({"name": None, "release_meta": {}})
 
 
 def test_reboot_pending_only_for_driver_packages():
@@ -197,7 +252,7 @@ def test_cuda_alternative_priority():
 
 
 def test_preferences_text_one_pin_line_per_stanza():
-    text = apt_pins.render_preferences(nccl_pins("2.14.3", "11.7.1"))
+    text = apt_pinsets.render_preferences(nccl_pins("2.14.3", "11.7.1"))
     stanzas = [s for s in text.split("\n\n") if "Package:" in s]
     assert len(stanzas) == 6
     for stanza in stanzas:
@@ -210,7 +265,7 @@ def test_preferences_text_one_pin_line_per_stanza():
     ]
     assert "Pin: release o=NVIDIA" in stanzas[1]
     assert stanzas[2].splitlines()[-2:] == ["Pin: version *", "Pin-Priority: -1"]
-    assert apt_pins.preferences_path(nccl_pins("2.14.3", "11.7.1")) == ("/etc/apt/preferences.d/nccl.pref")
+    assert apt_pinsets.preferences_path(nccl_pins("2.14.3", "11.7.1")) == ("/etc/apt/preferences.d/nccl.pref")
 
 
 def _deb(out: Path, package: str, version: str) -> None:
@@ -277,7 +332,7 @@ def test_preferences_make_apt_choose_nvidias_pinned_build(tmp_path):
         f"deb [trusted=yes] file:{ubuntu}/ /\ndeb [trusted=yes] file:{nvidia}/ /\n"
     )
     pinset = PinSet(name="nvidia-driver", packages=(("nvidia-utils-515", "515.65.01-0ubuntu1"),))
-    (root / "etc/apt/preferences.d/nvidia-driver.pref").write_text(apt_pins.render_preferences(pinset))
+    (root / "etc/apt/preferences.d/nvidia-driver.pref").write_text(apt_pinsets.render_preferences(pinset))
     opts = [
         f"-o=Dir={root}",
         f"-o=Dir::State::status={root}/var/lib/dpkg/status",
@@ -312,38 +367,12 @@ def test_preferences_make_apt_choose_nvidias_pinned_build(tmp_path):
 # MLNX_OFED: exit statuses, verified download, install shell
 
 
-def test_exit_status_messages():
-    assert mofed.describe_exit(0) == "installed"
-    assert "prerequisites" in mofed.describe_exit(172)
-    assert "free disk space" in mofed.describe_exit(28)
-    assert "mst" in mofed.describe_exit(173)
-    assert "not applicable" in mofed.describe_exit(171)
-    assert "invalid parameter" in mofed.describe_exit(22)
-    assert mofed.describe_exit(99) == "unexpected exit status 99"
-
-
-@pytest.mark.parametrize(
-    "rc,ok,text",
-    [
-        (0, True, ""),
-        (2, True, "exited 2: no firmware"),
-        (1, False, "exited 1: the installation failed"),
-        (172, False, "exited 172: prerequisites are not met"),
-        (173, False, "exited 173: the mst driver failed to start"),
-        (99, False, "exited 99: unexpected exit status"),
-    ],
-)
-def test_exit_status_case_in_shell(rc, ok, text):
-    script = f"rc={rc}; {mofed.exit_status_case('MLNX_OFED_LINUX-5.8-3.0.7.0')}; echo continued"
-    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
-    assert (proc.returncode == 0) is ok
-    assert ("continued" in proc.stdout) is ok
-    assert text in proc.stderr
-    if text:
-        assert proc.stderr.startswith("MLNX_OFED_LINUX-5.8-3.0.7.0: mlnxofedinstall")
-
-
 TARBALL = "MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz"
+
+
+def _sh(command) -> subprocess.CompletedProcess:
+    """Run a command as pyinfra would hand it to the node's shell."""
+    return subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=False)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the test downloads with curl file://")
@@ -354,36 +383,33 @@ def test_download_keeps_only_a_verified_file(tmp_path):
     good = hashlib.sha256(source.read_bytes()).hexdigest()
     dest = tmp_path / "cache" / TARBALL
 
-    proc = subprocess.run(
-        ["sh", "-c", mofed.download_shell(f"file://{source}", "0" * 64, str(dest))],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    def download(url, sha256):
+        return _sh(fetch_verified(url, str(dest), artifact=mofed.tarball_name(url), sha256=sha256))
+
+    proc = download(f"file://{source}", "0" * 64)
     assert proc.returncode == 1
-    assert f"{TARBALL}: sha256 mismatch" in proc.stderr
-    assert f"got {good}" in proc.stderr
+    assert f"{TARBALL}: sha256 mismatch for file://{source}: expected {'0' * 64}, got {good}" in proc.stderr
     assert list(dest.parent.iterdir()) == []  # neither the file nor its partial download
 
-    proc = subprocess.run(
-        ["sh", "-c", mofed.download_shell(f"file://{tmp_path}/nothing.tgz", good, str(dest))],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = download(f"file://{tmp_path}/nothing.tgz", good)
     assert proc.returncode == 1
-    assert "nothing.tgz: download from" in proc.stderr
+    assert f"nothing.tgz: download failed from file://{tmp_path}/nothing.tgz" in proc.stderr
     assert list(dest.parent.iterdir()) == []
 
-    proc = subprocess.run(
-        ["sh", "-c", mofed.download_shell(f"file://{source}", good.upper(), str(dest))],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = download(f"file://{source}", good.upper())
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in dest.parent.iterdir()] == [TARBALL]
     assert dest.read_bytes() == source.read_bytes()
+
+
+def test_verified_tarball_skips_an_installed_release_or_a_present_tarball():
+    release, dest = "MLNX_OFED_LINUX-5.8-3.0.7.0", f"/var/cache/mlnx-ofed/{TARBALL}"
+    args = (f"http://mirror/{TARBALL}", "AB" * 32, dest, release)
+    assert run_op(mofed.verified_tarball, {OfedRelease: release}, *args) == []
+    assert run_op(mofed.verified_tarball, {OfedRelease: None, Sha256File: "ab" * 32}, *args) == []
+    [command] = run_op(mofed.verified_tarball, {OfedRelease: None, Sha256File: None}, *args)
+    assert "fetch-verified.sh" in str(command) and dest in str(command)
+    assert run_op(mofed.install, {OfedRelease: release}, dest, release) == []
 
 
 def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Path, Path, Path]:
@@ -415,9 +441,18 @@ def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Pat
 def _run_install(tmp_path, status, reports):
     tarball, bin_dir, openibd = _fake_ofed(tmp_path, status, reports)
     work = tmp_path / "work"
-    script = mofed.install_shell(str(tarball), str(work), "MLNX_OFED_LINUX-5.8-3.0.7.0", openibd=str(openibd))
+    [command] = run_op(
+        mofed.install,
+        {OfedRelease: None},
+        str(tarball),
+        "MLNX_OFED_LINUX-5.8-3.0.7.0",
+        work_dir=str(work),
+        openibd=str(openibd),
+    )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, env=env, check=False
+    )
     return proc, tarball, work
 
 
@@ -434,12 +469,32 @@ def test_install_shell_success_cleans_up(tmp_path):
     assert list(work.iterdir()) == []
 
 
-def test_install_shell_explains_a_failed_installer(tmp_path):
+def test_install_shell_stops_after_a_failed_installer(tmp_path):
     proc, tarball, _ = _run_install(tmp_path, 172, "")
     assert proc.returncode == 1
     assert "mlnxofedinstall exited 172: prerequisites are not met" in proc.stderr
     assert not (tmp_path / "openibd.called").exists()
     assert tarball.exists()  # verified, kept for the next attempt
+
+
+@pytest.mark.parametrize(
+    "status,ok,text",
+    [
+        (2, True, "exited 2: no firmware"),
+        (1, False, "exited 1: the installation failed"),
+        (22, False, "exited 22: invalid parameter"),
+        (28, False, "exited 28: not enough free disk space"),
+        (171, False, "exited 171: not applicable to this system"),
+        (172, False, "exited 172: prerequisites are not met"),
+        (173, False, "exited 173: the mst driver failed to start"),
+        (99, False, "exited 99: unexpected exit status"),
+    ],
+)
+def test_install_shell_explains_every_exit_status(tmp_path, status, ok, text):
+    proc, _, _ = _run_install(tmp_path, status, "MLNX_OFED_LINUX-5.8-3.0.7.0:")
+    assert (proc.returncode == 0) is ok, proc.stderr
+    assert proc.stderr.startswith(f"MLNX_OFED_LINUX-5.8-3.0.7.0: mlnxofedinstall {text}")
+    assert (tmp_path / "openibd.called").exists() is ok
 
 
 def test_install_shell_checks_the_installed_release(tmp_path):
@@ -464,13 +519,46 @@ def test_driver_loaded_check_accepts_only_the_pin(tmp_path):
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
     fake.write_text("#!/bin/sh\nprintf '515.65.01\\n515.65.01\\n'\n")
     fake.chmod(0o755)
-    assert subprocess.run(["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env).returncode == 0
+    assert (
+        subprocess.run(
+            ["sh", "-c", str(driver_loaded_check("515.65.01", 2))], env=env, check=False
+        ).returncode
+        == 0
+    )
     fake.write_text('#!/bin/sh\necho "NVIDIA-SMI has failed"; exit 9\n')
     run = subprocess.run(
-        ["sh", "-c", driver_loaded_check("515.65.01", 2)], env=env, capture_output=True, text=True
+        ["sh", "-c", str(driver_loaded_check("515.65.01", 2))],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert run.returncode == 1
     assert (
         "driver 515.65.01 is not loaded after the reboot; nvidia-smi says: NVIDIA-SMI has failed"
         in run.stderr
     )
+
+
+def test_cuda_profile_and_link_script(tmp_path):
+    import os
+    import subprocess
+
+    profile = cuda.profile("11.7.1")
+    assert "export CUDA_HOME=/usr/local/cuda-11.7" in profile and "{{" not in profile
+    # The link script, with update-alternatives replaced by a stand-in that makes the link.
+    home, link = tmp_path / "cuda-11.7", tmp_path / "cuda"
+    fake = tmp_path / "bin" / "update-alternatives"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n[ "$1" = --install ] && ln -sfn "$4" "$2"; exit 0\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+
+    def run():
+        command = str(cuda.script("cuda/cuda-link.sh", home, 117, link))
+        return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, check=False)
+
+    missing = run()
+    assert missing.returncode == 1 and "the toolkit is not installed" in missing.stderr
+    home.mkdir()
+    assert run().returncode == 0 and os.readlink(link) == str(home)

@@ -384,7 +384,8 @@ def test_streaming_chunk_signatures_match_the_aws_example():
     ]
     chunks = [b"a" * 65536, b"a" * 1024, b""]
     body = b"".join(
-        f"{len(c):x};chunk-signature={s}\r\n".encode() + c + b"\r\n" for c, s in zip(chunks, signatures)
+        f"{len(c):x};chunk-signature={s}\r\n".encode() + c + b"\r\n"
+        for c, s in zip(chunks, signatures, strict=True)
     )
     assert len(body) == 66824  # the Content-Length of AWS's example
     seed = "4f232c4386841ef735655705268965c44a0e4690baa4adea153f7db9fa80a0a9"

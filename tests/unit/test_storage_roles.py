@@ -26,10 +26,21 @@ import pytest
 import yaml
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
+from pyinfra.facts.postgres import PostgresDatabases
+from pyinfra.operations import postgres
 
 from deploy import s3
 from deploy.cluster import load_cluster
-from roles import determined_agent, determined_master, docker, minio, postgresql, shared_ops
+from roles import (
+    determined_agent,
+    determined_domains,
+    determined_master,
+    docker,
+    minio,
+    postgresql,
+    shared_ops,
+)
+from roles.templates import files_path
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 from tests.verify.test_storage import parse_env_file
 
@@ -169,7 +180,7 @@ def test_agent_yaml_per_domain(make_cluster):
     cluster = make_cluster(layout="per_domain")
     plain = yaml.safe_load(determined_agent.agent_yaml(cluster, cluster.node("g1"))) or {}
     assert "master_host" not in plain  # the plain unit cannot start by mistake
-    config = yaml.safe_load(determined_agent.domain_yaml(cluster, 1, AgentSpec("g1-1", "4,5,6,7", 4)))
+    config = yaml.safe_load(determined_domains.domain_yaml(cluster, 1, AgentSpec("g1-1", "4,5,6,7", 4)))
     assert unknown_keys(config, KNOWN_AGENT) == []
     assert (config["agent_id"], config["visible_gpus"]) == ("g1-1", "4,5,6,7")
     assert config["master_port"] == cluster.master_port
@@ -257,7 +268,7 @@ def test_scram_verifier_against_rfc7677_example():
     assert base64.b64encode(server_signature).decode() == "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
     client_signature = hmac.new(stored_key, auth, hashlib.sha256).digest()
     proof = base64.b64decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
-    client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
+    client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
     assert hashlib.sha256(client_key).digest() == stored_key
 
 
@@ -345,7 +356,9 @@ def test_verified_binary_skips_a_matching_file():
         "/usr/local/bin/minio",
         "MinIO server binary",
     )
-    assert len(commands) == 1 and "/usr/local/bin/minio.download" in str(commands[0])
+    assert len(commands) == 1 and str(commands[0]).endswith(
+        f"fetch-verified.sh http://m/minio /usr/local/bin/minio 'MinIO server binary' {ZERO_SHA} 755"
+    )
 
 
 def test_verified_deb_skips_the_installed_version():
@@ -354,34 +367,63 @@ def test_verified_deb_skips_the_installed_version():
     args = ("determined-master", "0.38.0", "http://m/m.deb", ZERO_SHA, "determined-master")
     assert run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}}, *args) == []
     commands = run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}}, *args)
-    assert "apt-get install" in str(commands[0]) and "--force-confold" in str(commands[0])
+    fetch, install = (str(c) for c in commands)
+    deb = "/var/cache/apt/archives/determined-master_0.38.0.verified.deb"
+    assert fetch.endswith(f"fetch-verified.sh http://m/m.deb {deb} determined-master {ZERO_SHA}")
+    assert "apt-get install" in install and "--force-confold" in install and f"rm -f {deb}" in install
 
 
 def test_docker_runtime_configured_only_when_missing():
-    assert run_op(docker.nvidia_runtime, {docker.DockerRuntimes: frozenset({"nvidia"})}) == []
-    commands = run_op(docker.nvidia_runtime, {docker.DockerRuntimes: frozenset({"runc"})})
-    assert "nvidia-ctk runtime configure --runtime=docker" in str(commands[0])
+    from pyinfra.facts.files import FileContents
+
+    with_nvidia = ['{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}']
+    assert run_op(docker.nvidia_runtime, {FileContents: with_nvidia}) == []
+    for without in (['{"runtimes": {"runc": {}}}'], None):
+        commands = run_op(docker.nvidia_runtime, {FileContents: without})
+        assert "nvidia-ctk runtime configure --runtime=docker" in str(commands[0])
 
 
-def test_docker_runtimes_fact_parses_nvidia_ctk_output():
-    fact = docker.DockerRuntimes()
+def test_docker_runtimes_parses_nvidia_ctk_output():
     text = (
         '{\n    "runtimes": {\n        "nvidia": {\n            "args": [],\n'
         '            "path": "nvidia-container-runtime"\n        }\n    }\n}'
     )
-    assert fact.process(text.splitlines()) == {"nvidia"}
-    assert fact.process(["{not json"]) == frozenset()
-    assert fact.process(['{"log-driver": "json-file"}']) == frozenset()
+    assert docker.runtimes(text.splitlines()) == {"nvidia"}
+    assert docker.runtimes(["{not json"]) == frozenset()
+    assert docker.runtimes(['{"log-driver": "json-file"}']) == frozenset()
+    assert docker.runtimes(None) == frozenset()
 
 
 def test_role_password_never_shown():
-    from roles.postgresql import RoleVerifier
+    from deploy.facts.postgresql import RoleVerifier
 
     commands = run_op(postgresql.role, {RoleVerifier: None}, "determined", load_secret(NASTY["T_DB"]))
     shown = _shown(commands)
     assert shown.startswith("cd / && runuser -u postgres -- psql -X -q -p 5432 ")
     assert 'CREATE ROLE "determined" WITH LOGIN PASSWORD' in shown
     assert "*MASKED*" in shown and "SCRAM" not in shown and NASTY["T_DB"] not in shown
+
+
+def test_pgdg_key_only_when_missing_and_only_with_the_pinned_fingerprint(http_dir, tmp_path):
+    from pyinfra.facts.files import File
+
+    assert run_op(postgresql.pgdg_key, {File: {"mode": 644}}) == []
+    [command] = run_op(postgresql.pgdg_key, {File: None})
+    assert str(command).endswith(
+        f"pgdg-key.sh {postgresql.PGDG_KEY_URL} {postgresql.PGDG_KEY_FINGERPRINT} {postgresql.PGDG_KEY}"
+    )
+    served, base = http_dir
+    (served / "key.asc").write_text("not a key\n")
+    dest = tmp_path / "keys" / "pgdg.asc"
+    script = files_path("postgresql/pgdg-key.sh").read_text()
+    run = subprocess.run(
+        ["sh", "-c", script, "pgdg-key.sh", f"{base}/key.asc", "AB" * 20, str(dest)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1 and "fingerprint is not " + "AB" * 20 in run.stderr
+    assert list(dest.parent.iterdir()) == []
 
 
 def load_secret(value: str):
@@ -397,44 +439,53 @@ def load_secret(value: str):
 def http_dir(tmp_path):
     served = tmp_path / "served"
     served.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(served))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    handler.log_message = lambda *a: None
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield served, f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
-def test_fetch_and_check_installs_only_a_matching_file(http_dir, tmp_path):
+def test_fetch_verified_installs_only_a_matching_file(http_dir, tmp_path):
     served, base = http_dir
     (served / "tool").write_bytes(b"#!/bin/sh\necho real\n")
     good = hashlib.sha256(b"#!/bin/sh\necho real\n").hexdigest()
     dest = tmp_path / "bin-tool"
 
-    def install(sha):
-        script = shared_ops._fetch_and_check(f"{base}/tool", sha, f"{dest}.download", "Tool")
+    def install(url, sha, mode=None):
+        command = shared_ops.fetch_verified(url, str(dest), artifact="Tool", sha256=sha, mode=mode)
         return subprocess.run(
-            ["sh", "-c", script + f" && mv -f {dest}.download {dest}"],
-            check=False,
-            capture_output=True,
-            text=True,
+            ["sh", "-c", command.get_raw_value()], check=False, capture_output=True, text=True
         )
 
-    bad = install(ZERO_SHA)
+    bad = install(f"{base}/tool", ZERO_SHA)
     assert bad.returncode == 1
     assert f"Tool: sha256 mismatch for {base}/tool: expected {ZERO_SHA}, got {good}" in bad.stderr
-    assert not dest.exists() and not Path(f"{dest}.download").exists()
-    missing = subprocess.run(
-        ["sh", "-c", shared_ops._fetch_and_check(f"{base}/nope", good, f"{dest}.download", "Tool")],
+    assert not dest.exists() and not Path(f"{dest}.part").exists()
+    missing = install(f"{base}/nope", good)
+    assert missing.returncode == 1 and f"Tool: download failed from {base}/nope" in missing.stderr
+    ok = install(f"{base}/tool", good, mode="755")
+    assert ok.returncode == 0, ok.stderr
+    assert dest.read_bytes() == b"#!/bin/sh\necho real\n" and dest.stat().st_mode & 0o777 == 0o755
+    # No pin (cuda-keyring only): whatever the URL serves is kept.
+    dest.unlink()
+    assert install(f"{base}/tool", None).returncode == 0 and dest.exists()
+
+
+def test_fail_stops_with_the_message_on_stderr():
+    proc = subprocess.run(
+        ["sh", "-c", str(shared_ops.fail('x: it\'s "broken"')) + "; echo went on"],
         check=False,
         capture_output=True,
         text=True,
     )
-    assert missing.returncode == 1 and f"Tool: download failed from {base}/nope" in missing.stderr
-    ok = install(good)
-    assert ok.returncode == 0, ok.stderr
-    assert dest.read_bytes() == b"#!/bin/sh\necho real\n"
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", 'x: it\'s "broken"\n')
 
 
 # --- the bucket, for real against the MinIO stand-in on loopback ----------------------------
@@ -485,6 +536,7 @@ def minio_server(tmp_path):
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return port
             if proc.poll() is not None:
+                assert proc.stderr is not None
                 pytest.fail(f"MinIO stand-in exited: {proc.stderr.read().decode()[-500:]}")
             time.sleep(0.1)
         pytest.fail("MinIO stand-in did not listen")
@@ -519,14 +571,14 @@ def test_bucket_region_mismatch_fails_clearly(minio_server, make_cluster, tmp_pa
     assert not any(v in message for v in NASTY.values())
     # A bucket made in eu-west-1, then cluster.yaml saying us-east-1: the location check.
     assert s3.ensure_bucket(make_cluster(storage_port=port, region="eu-west-1")) is True
-    assert "has location 'eu-west-1'" in s3.bucket_problem(cluster)
+    assert "has location 'eu-west-1'" in (s3.bucket_problem(cluster) or "")
     with pytest.raises(s3.BucketError, match="reads back location 'eu-west-1', not 'us-east-1'"):
         s3.ensure_bucket(cluster)
 
 
 def test_bucket_unreachable_is_a_problem_not_an_exception(make_cluster):
     cluster = make_cluster(storage_port=_free_port())
-    assert "is not reachable" in s3.bucket_problem(cluster)
+    assert "is not reachable" in (s3.bucket_problem(cluster) or "")
     with pytest.raises(s3.BucketError, match="not reachable from the controller"):
         s3.ensure_bucket(cluster)
 
@@ -592,21 +644,28 @@ def pg_cluster():
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def _as_postgres(text: str) -> list[str]:
+    """What postgres.database's _su_user="postgres", _chdir="/" make of a command (runuser
+    instead of su: the same user switch without PAM's session setup)."""
+    return ["runuser", "-u", "postgres", "--", "sh", "-c", f"cd / && {text}"]
+
+
 def _pg_facts(env):
     def facts(cls, kwargs):
         command = cls().command(**kwargs)
         text = command.get_raw_value() if isinstance(command, StringCommand) else command
-        out = subprocess.run(
-            ["sh", "-c", text], env=env, capture_output=True, text=True, check=True
-        ).stdout.splitlines()
+        argv = _as_postgres(text) if cls is PostgresDatabases else ["sh", "-c", text]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
         return cls().process(out) if out else cls().default()
 
     return facts
 
 
-def _pg_run(env, commands):
+def _pg_run(env, commands, as_postgres=False):
     for c in commands:
-        subprocess.run(["sh", "-c", c.get_raw_value()], env=env, check=True, capture_output=True)
+        text = c.get_raw_value()
+        argv = _as_postgres(text) if as_postgres else ["sh", "-c", text]
+        subprocess.run(argv, env=env, check=True, capture_output=True)
 
 
 def _login(port, user, password, database="postgres") -> bool:
@@ -649,6 +708,37 @@ def test_role_and_database_against_postgresql(pg_cluster):
     _pg_run(env, run_op(postgresql.role, facts, "determined", new, port))
     assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
 
-    _pg_run(env, run_op(postgresql.database, facts, "determined", "determined", port))
+    # pyinfra's postgres.database, as roles/postgresql.py calls it
+    database = {"database": "determined", "owner": "determined", "psql_port": port}
+    _pg_run(env, run_op(postgres.database, facts, **database), as_postgres=True)
     assert _login(port, "determined", new.value, database="determined")
-    assert run_op(postgresql.database, facts, "determined", "determined", port) == []
+    assert run_op(postgres.database, facts, **database) == []
+
+
+# --- per-domain agents: retiring, and the plain unit switched off ---------------------------
+
+
+def test_no_domain_agents_retires_every_instance():
+    from deploy.facts.determined import DomainAgents, Instance
+
+    present = {
+        "0": Instance(config=True, enabled=True, active="active"),
+        "1": Instance(config=True, active="failed"),
+    }
+    commands = [str(c) for c in run_op(determined_domains.no_domain_agents, {DomainAgents: present})]
+    assert commands == [
+        "systemctl disable --now determined-agent@0.service",
+        "rm -f /etc/determined/agent-0.yaml",
+        "systemctl reset-failed determined-agent@1.service",
+        "rm -f /etc/determined/agent-1.yaml",
+    ]
+    assert run_op(determined_domains.no_domain_agents, {DomainAgents: {}}) == []
+
+
+def test_unit_off_also_stops_a_unit_waiting_to_restart():
+    from deploy.facts.system import UnitState
+
+    unit = "determined-agent.service"
+    waiting = run_op(determined_domains.unit_off, {UnitState: ("activating", "disabled")}, unit)
+    assert [str(c) for c in waiting] == [f"systemctl disable --now {unit}"]
+    assert run_op(determined_domains.unit_off, {UnitState: ("inactive", "disabled")}, unit) == []

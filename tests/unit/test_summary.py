@@ -23,14 +23,12 @@ def test_summary_names_each_failed_host_with_reason_and_command():
     assert summary_lines({}, ["pyinfra"]) == []
 
 
-def test_printed_once_after_the_final_disconnects(capsys, monkeypatch):
+def test_printed_once_after_the_final_disconnects(capsys):
     from types import SimpleNamespace
 
     from pyinfra.api.state import StateStage
 
     from deploy import summary
-
-    monkeypatch.setattr(summary, "run_summary_lines", lambda state: [])
 
     class Host(SimpleNamespace):
         __hash__ = object.__hash__
@@ -47,3 +45,25 @@ def test_printed_once_after_the_final_disconnects(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.count("host(s) failed") == 1
     assert "    b: failed at 'X'" in err
+
+
+def test_a_lost_connection_is_named_as_such():
+    from types import SimpleNamespace
+
+    from deploy import summary
+
+    def host(name, active):
+        transport = SimpleNamespace(is_active=lambda: active)
+        client = SimpleNamespace(get_transport=lambda: transport)
+        return SimpleNamespace(name=name, connector=SimpleNamespace(client=client))
+
+    state = SimpleNamespace(get_op_meta=lambda op_hash: SimpleNamespace(names={"Install X"}))
+    handler = summary.FailureSummary()
+    handler.operation_host_error(state, host("a", active=False), "op1")
+    handler.operation_host_error(state, host("b", active=True), "op1")
+    assert handler.reasons == {
+        "a": "SSH connection lost at 'Install X'",
+        "b": "failed at 'Install X'",
+    }
+    # Not the SSH connector (@local, docker): never "connection lost".
+    assert summary.connection_lost(SimpleNamespace(name="c", connector=SimpleNamespace())) is False

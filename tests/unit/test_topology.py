@@ -17,27 +17,31 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
+from deploy.facts.gpu import GpuMigModes, GpuTopology
 from deploy.topology import (
     NO_DEVICES,
     OK,
     UNAVAILABLE,
     AgentSpec,
-    GpuMigModes,
-    GpuTopology,
+    Observed,
     TopologyError,
     agent_plan,
     domains,
     largest_trial_slots,
     nvlink_count,
+    observe,
     parse_cpu_list,
     parse_mig_modes,
     parse_topo,
+    summary_lines,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "topology_data"
 STANDIN = REPO / "tests" / "lab" / "standins" / "nvidia" / "nvidia_smi.py"
 DRIVER = "515.65.01"
+
+pytest_plugins = ["pytester"]
 
 
 def load(name: str) -> str:
@@ -480,8 +484,8 @@ def test_facts_through_pyinfra_local_connector(standin):
             "pyinfra",
             "@local",
             "fact",
-            "deploy.topology.GpuTopology",
-            "deploy.topology.GpuMigModes",
+            "deploy.facts.gpu.GpuTopology",
+            "deploy.facts.gpu.GpuMigModes",
         ],
         env=standin.env,
         cwd=standin.cwd,
@@ -498,8 +502,8 @@ def test_facts_through_pyinfra_local_connector(standin):
     for block in blocks:
         name, _, rest = block.partition("\n")
         facts[name.strip()] = json.loads(rest[: rest.rindex("}") + 1])["@local"]
-    assert facts["deploy.topology.GpuTopology"]["domains"] == [list(d) for d in QUAD]
-    assert facts["deploy.topology.GpuMigModes"] == {str(i): "Disabled" for i in range(8)}
+    assert facts["deploy.facts.gpu.GpuTopology"]["domains"] == [list(d) for d in QUAD]
+    assert facts["deploy.facts.gpu.GpuMigModes"] == {str(i): "Disabled" for i in range(8)}
 
 
 @pytest.mark.parametrize(
@@ -516,3 +520,115 @@ def test_lab_hardware_presets_give_their_domains(standin, preset, expected):
     out = standin.run("topo", "-m")
     assert out.returncode == 0, out.stderr
     assert [tuple(d) for d in domains(parse_topo(out.stdout))] == expected
+
+
+# --- the NVLink lines `python -m tests.verify` prints after its matrix ------------------------
+
+DOCS_EXAMPLE = [
+    "--> NVLink domains (GPUs each): gpu1 4+4 (per_domain), gpu2 8 (per_domain), gpu3 4+4 (per_node)",
+    "--> largest slots_per_trial inside one NVLink domain on every agent node: 4",
+    "    not enforced on gpu3 (agent_layout per_node: one agent offers all its GPUs, a trial "
+    "may span domains)",
+]
+
+
+def test_observe_keeps_domains_or_says_why_there_are_none():
+    seen = observe("per_domain", parsed("lab_standin_default.txt"))
+    assert seen == Observed("per_domain", tuple(QUAD), None)
+    none = observe("per_node", parse_topo("NVIDIA-SMI has failed because it couldn't communicate"))
+    assert none.domains == () and none.detail.startswith("NVIDIA-SMI has failed")
+
+
+def test_summary_lines_as_in_the_docs():
+    observed = {
+        "gpu1": Observed("per_domain", tuple(QUAD)),
+        "gpu2": Observed("per_domain", (tuple(range(8)),)),
+        "gpu3": Observed("per_node", tuple(QUAD)),
+    }
+    assert summary_lines(observed, ["gpu1", "gpu2", "gpu3"]) == DOCS_EXAMPLE
+    assert summary_lines({}, ["gpu1"]) == []
+
+
+def test_summary_lines_name_the_nodes_not_read():
+    observed = {
+        "gpu1": Observed("per_domain", tuple(QUAD)),
+        "gpu2": Observed("per_domain", (), "nvidia-smi printed nothing (not installed?)"),
+    }
+    assert summary_lines(observed, ["gpu1", "gpu2", "gpu3"]) == [
+        "--> NVLink domains (GPUs each): gpu1 4+4 (per_domain), gpu2 none (nvidia-smi printed "
+        "nothing (not installed?)) (per_domain)",
+        "--> largest slots_per_trial inside one NVLink domain on the 1 agent nodes read "
+        "(not read: gpu2, gpu3): 4",
+    ]
+    unread = {"gpu2": Observed("per_node", (), "no matrix")}
+    assert summary_lines(unread, ["gpu2"])[1] == (
+        "--> largest slots_per_trial inside one NVLink domain: unknown (no agent node's topology was read)"
+    )
+
+
+def test_nvlink_lines_from_verify_properties_in_any_order():
+    """What the topology checks record (tests/verify/test_topology_agents.py report_domains)
+    arrives at verify's controller in any order, from any worker, twice per node."""
+    from tests.verify.matrix import nvlink_lines
+
+    def noted(node, layout):
+        return json.dumps({"node": node, "layout": layout})
+
+    def read(node, layout, found):
+        return json.dumps({"node": node, "layout": layout, "domains": found, "detail": None})
+
+    values = [
+        noted("gpu3", "per_node"),
+        read("gpu3", "per_node", QUAD),
+        noted("gpu1", "per_domain"),
+        noted("gpu2", "per_domain"),
+        read("gpu2", "per_domain", [list(range(8))]),
+        read("gpu1", "per_domain", QUAD),
+        noted("gpu1", "per_domain"),  # a second check whose SSH failed before reading
+        read("gpu1", "per_domain", QUAD),
+    ]
+    for order in (values, values[::-1]):
+        assert nvlink_lines(order) == DOCS_EXAMPLE
+    assert nvlink_lines(values + [noted("gpu4", "per_domain")])[1].endswith("(not read: gpu4): 4")
+    assert nvlink_lines([]) == []
+
+
+CHECK_RECORDING_DOMAINS = """
+import json
+import pytest
+
+QUAD = [[0, 1, 2, 3], [4, 5, 6, 7]]
+NODES = {"gpu1": ("per_domain", QUAD), "gpu2": ("per_domain", [list(range(8))]), "gpu3": ("per_node", QUAD)}
+
+
+@pytest.mark.parametrize("name", sorted(NODES))
+def test_agent_configs(name, record_property):
+    layout, found = NODES[name]
+    record_property("verify.nvlink", json.dumps({"node": name, "layout": layout}))
+    record_property(
+        "verify.nvlink", json.dumps({"node": name, "layout": layout, "domains": found, "detail": None})
+    )
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_verify_prints_the_nvlink_lines_after_its_matrix(pytester, workers):
+    """The properties travel from xdist workers to the controller, which prints the lines."""
+    pytester.makepyfile(test_fake=CHECK_RECORDING_DOMAINS)
+    # The warning: this module imported the plugin before the inner run could rewrite it.
+    result = pytester.runpytest(
+        "-p",
+        "tests.verify.matrix",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        *workers,
+    )
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.lines
+    start = out.index(DOCS_EXAMPLE[0])
+    assert out[start : start + 3] == DOCS_EXAMPLE
+    assert any("verify matrix" in line for line in out[:start])
+    md = (pytester.path / "reports" / "verify-matrix.md").read_text()
+    assert "## NVLink domains\n\n```\n" + "\n".join(DOCS_EXAMPLE) + "\n```\n" in md

@@ -1,9 +1,11 @@
 """python -m tests.verify [--cluster FILE] [pytest args...]: check every node, read-only.
 
 Runs tests/verify against the nodes of a cluster.yaml (the lab's by default), in parallel,
-prints a checks x nodes matrix with a hint for every red cell (tests/verify/matrix.py), writes
-it to reports/verify-matrix.md and JUnit XML to reports/verify-junit.xml, and exits non-zero
-when any check fails (pytest's exit status).
+prints a checks x nodes matrix with a hint for every red cell (tests/verify/matrix.py), then
+each agent node's NVLink domains and the largest slots_per_trial inside one domain on every
+agent node (from the topology checks' own `nvidia-smi topo -m`), writes it all to
+reports/verify-matrix.md and JUnit XML to reports/verify-junit.xml, and exits non-zero when
+any check fails (pytest's exit status).
 """
 
 import argparse

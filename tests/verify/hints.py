@@ -2,8 +2,9 @@
 
 One entry per check in tests/verify/test_*.py (tests/unit/test_verify_matrix.py fails when a
 check has none). The symptoms and first actions come from the source article's troubleshooting
-table and pitfalls (docs: /work/shared/notes/article.md), corrected by facts.md where the
-article is wrong (no `region:` key in Determined's config, master_port defaults to 80, ...).
+table and pitfalls, corrected where the vendors' sources say the article is wrong (Determined
+rejects a `region:` key in checkpoint_storage; an agent's master_port defaults to 80, not the
+master's port; ...).
 `{node}` in a text is replaced by the cell's node.
 """
 

@@ -10,7 +10,9 @@ it. It works the same with and without pytest-xdist:
   one reason, and its traceback replaced by that one line: an unreachable node gives one line
   per check instead of a wall of paramiko frames;
 - reports carry user_properties to the controller, the only process that builds the matrix
-  (pytest_runtest_logreport), writes it to --verify-matrix (Markdown) and prints it.
+  (pytest_runtest_logreport), writes it to --verify-matrix (Markdown) and prints it;
+- after the matrix, the NVLink domains the topology checks read on each agent node and the
+  largest slots_per_trial inside one domain on every agent node (nvlink_lines).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import datetime
 import errno
+import json
 import os
 import re
 import time
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.topology import Observed, summary_lines
 from tests.verify.hints import SSH_HINTS, Hint, hint_for
 
 # Parameters that name the node a check is about, in order of preference; the first one
@@ -44,6 +48,7 @@ P_ORDER = "verify.order"  # index in the all-nodes parametrisation: cluster.yaml
 P_SSH = "verify.ssh"  # one-line reason an SSH connection failed
 P_SSH_KIND = "verify.ssh_kind"
 P_SSH_TARGET = "verify.ssh_target"  # "address:port" paramiko tried to reach
+P_NVLINK = "verify.nvlink"  # JSON, what a topology check read (tests/verify/test_topology_agents.py)
 
 OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
 MARKUP = {
@@ -251,6 +256,22 @@ def check_from_nodeid(nodeid: str) -> str:
     return f"{Path(path).name}::{rest.rsplit('::', 1)[-1].split('[', 1)[0]}"
 
 
+def nvlink_lines(values: list[str]) -> list[str]:
+    """deploy.topology.summary_lines of the P_NVLINK properties of a run, in any order.
+
+    Every node named is an agent node a check was about to read; it counts as read once any
+    check reports its domains (an empty tuple and a detail when nvidia-smi gave no matrix)."""
+    agents: set[str] = set()
+    observed: dict[str, Observed] = {}
+    for value in values:
+        entry = json.loads(value)
+        agents.add(entry["node"])
+        if "domains" in entry:
+            found = tuple(tuple(d) for d in entry["domains"])
+            observed[entry["node"]] = Observed(entry["layout"], found, entry.get("detail"))
+    return summary_lines(observed, sorted(agents))
+
+
 def _natural(name: str):
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
@@ -362,7 +383,14 @@ def _md_code(text: str) -> str:
 
 
 def render_markdown(
-    m: Matrix, *, cluster: str | None, wall: float, exitstatus: int, finished: str, collect_errors: list[str]
+    m: Matrix,
+    *,
+    cluster: str | None,
+    wall: float,
+    exitstatus: int,
+    finished: str,
+    collect_errors: list[str],
+    nvlink: list[str] | None = None,
 ) -> str:
     red = m.red_cells()
     verdict = "ok" if exitstatus == 0 else "FAIL"
@@ -425,6 +453,8 @@ def render_markdown(
                 f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
                 f"{'; '.join(_md_code(e) for e in cell.evidence())} |"
             )
+    if nvlink:
+        out += ["", "## NVLink domains", "", "```", *nvlink, "```"]
     return "\n".join(out) + "\n"
 
 
@@ -516,6 +546,7 @@ class Recorder:
         self.order: dict[str, int] = {}
         self.check_order: dict[str, tuple] = {}
         self.collect_errors: list[str] = []
+        self.nvlink: list[str] = []  # P_NVLINK values, from every worker
         self.matrix: Matrix | None = None
         self.path: Path | None = None
         self.wall = 0.0
@@ -530,10 +561,8 @@ class Recorder:
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call":
-            if report.passed:
-                outcome = OK  # including a non-strict xpass
-            else:
-                outcome = SKIP if report.skipped else FAIL  # an xfail counts as skipped
+            # A non-strict xpass counts as passed, an xfail as skipped.
+            outcome = OK if report.passed else SKIP if report.skipped else FAIL
         elif report.failed:
             outcome = FAIL  # setup (fixture) or teardown error
         elif report.skipped:
@@ -541,6 +570,7 @@ class Recorder:
         else:
             return
         props = _props(report)
+        self.nvlink += props.get(P_NVLINK, [])
         check = (props.get(P_CHECK) or [check_from_nodeid(report.nodeid)])[0]
         for pair in props.get(P_ADDRESS, []):
             host, address = pair.split(" ", 1)
@@ -579,6 +609,7 @@ class Recorder:
                 exitstatus=int(exitstatus),
                 finished=finished,
                 collect_errors=self.collect_errors,
+                nvlink=nvlink_lines(self.nvlink),
             )
         )
 
@@ -600,6 +631,8 @@ class Recorder:
             for text, markup in segments:
                 tr.write(text, **markup)
             tr.line("")
+        for line in nvlink_lines(self.nvlink):
+            tr.write_line(line)
         red = len(m.red_cells())
         counts = Counter(m.status(c, n) for c in m.checks for n in m.nodes)
         tr.write_line(f"matrix: {self.path}")

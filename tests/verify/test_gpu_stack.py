@@ -6,7 +6,7 @@ deploy installs from.
 
 import shlex
 
-from deploy.facts_gpu import parse_ibstat
+from deploy.facts.fabric import parse_ibstat
 from deploy.pins import (
     CUDA_LINK,
     all_pins,

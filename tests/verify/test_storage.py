@@ -9,6 +9,7 @@ Secret values never reach an assertion message: comparisons are made into boolea
 because pytest prints both sides of a failed `==`.
 """
 
+import contextlib
 import io
 import urllib.error
 import urllib.request
@@ -30,8 +31,8 @@ def parse_env_file(text: str) -> dict[str, str]:
     """KEY=value / KEY="value" lines as systemd's EnvironmentFile= reads them (the subset the
     deploy writes: one line per variable, double quotes with \\" \\\\ \\` \\$ escapes)."""
     values = {}
-    for line in text.splitlines():
-        line = line.strip()
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
         if not line or line.startswith(("#", ";")) or "=" not in line:
             continue
         key, raw = line.split("=", 1)
@@ -142,10 +143,8 @@ def test_master_credentials_write_and_read(master_s3_env, cluster):
     except S3Error as e:
         pytest.fail(f"the master's keys cannot write and read {cluster.storage.bucket}: {e.code}")
     finally:
-        try:
+        with contextlib.suppress(S3Error):
             client.remove_object(cluster.storage.bucket, key)
-        except S3Error:
-            pass
 
 
 def test_wrong_secret_refused(master_s3_env, cluster):

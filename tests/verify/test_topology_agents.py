@@ -10,15 +10,21 @@ for the resource pool's agent_reconnect_wait (25 s by default) before it drops i
 judge ENABLED agents only, so they hold right after a deploy that switched a node's layout; a
 disabled leftover is not a fault. An enabled agent nobody expects is one still running
 somewhere (or one that did not say goodbye and has not timed out yet).
+
+What each per-agent check reads of its node's topology also goes to the controller as a test
+property (P_NVLINK, through xdist like every report): tests/verify/matrix.py prints the NVLink
+domains and the largest trial that fits inside one on every agent node after the matrix.
 """
 
+import json
 import re
 
 import pytest
 import yaml
 
-from deploy.topology import OK, agent_plan, domains, parse_topo
+from deploy.topology import OK, agent_plan, domains, observe, parse_topo
 from tests.verify.master_api import _slot_count
+from tests.verify.matrix import P_NVLINK
 
 AGENT_YAML = "/etc/determined/agent.yaml"
 PLAIN_UNIT = "determined-agent.service"
@@ -28,16 +34,19 @@ _DOMAIN_CONFIG = re.compile(r"^/etc/determined/agent-([0-9]+)\.yaml$")
 # --- what a node has and should have ---------------------------------------------------------
 
 
-def node_domains(host) -> list[tuple[int, ...]]:
-    """The node's NVLink domains from its own `nvidia-smi topo -m`."""
+def node_domains(host, report=None) -> list[tuple[int, ...]]:
+    """The node's NVLink domains from its own `nvidia-smi topo -m` (`report` sees what was read)."""
     topology = parse_topo(host.run("nvidia-smi topo -m").stdout)
+    if report is not None:
+        report(topology)
     assert topology.status == OK, f"nvidia-smi topo -m gave no matrix ({topology.status}: {topology.detail})"
     return domains(topology)
 
 
-def expected_agents(host, node) -> dict[str, int]:
+def expected_agents(host, node, report=None) -> dict[str, int]:
     """{agent_id: slots} the node should register, by its layout and its measured domains."""
-    return {a.agent_id: a.slots for a in agent_plan(node.hostname, node_domains(host), node.agent_layout)}
+    found = node_domains(host, report)
+    return {a.agent_id: a.slots for a in agent_plan(node.hostname, found, node.agent_layout)}
 
 
 def domain_config_paths(host) -> dict[str, str]:
@@ -99,12 +108,27 @@ def enabled_agents(registered_agents):
     return _enabled(list(registered_agents.values()))
 
 
+@pytest.fixture
+def report_domains(agent, record_property):
+    """Hands the controller what this check reads of `agent`'s topology: JSON {"node", "layout"}
+    before the read (so that a node whose topology could not be read is named as such), then
+    with "domains" and "detail" once read (tests/verify/matrix.py nvlink_lines)."""
+    node = {"node": agent.hostname, "layout": agent.agent_layout}
+    record_property(P_NVLINK, json.dumps(node))
+
+    def report(topology) -> None:
+        seen = observe(agent.agent_layout, topology)
+        record_property(P_NVLINK, json.dumps({**node, "domains": seen.domains, "detail": seen.detail}))
+
+    return report
+
+
 # --- checks ----------------------------------------------------------------------------------
 
 
-def test_agents_registered_with_domain_slots(agent, host_of, enabled_agents):
+def test_agents_registered_with_domain_slots(agent, host_of, enabled_agents, report_domains):
     """Exactly the node's planned agents are enabled in the master, each with its slots."""
-    expected = expected_agents(host_of(agent), agent)
+    expected = expected_agents(host_of(agent), agent, report_domains)
     registered = {i: s for i, s in enabled_agents.items() if belongs_to(i, agent)}
     assert registered == expected, (
         f"{agent.hostname} ({agent.agent_layout}): enabled agents {registered}, expected "
@@ -112,11 +136,11 @@ def test_agents_registered_with_domain_slots(agent, host_of, enabled_agents):
     )
 
 
-def test_agent_configs_cover_each_gpu_once(agent, host_of):
+def test_agent_configs_cover_each_gpu_once(agent, host_of, report_domains):
     """The visible_gpus of the node's agent configs are its domains (per_domain) or all of
     its GPUs (per_node), so that every GPU is offered by exactly one agent."""
     h = host_of(agent)
-    found = node_domains(h)
+    found = node_domains(h, report_domains)
     every = sorted(g for d in found for g in d)
     configs = agent_configs(h, agent)
     assert configs, f"{agent.hostname}: no agent config for layout {agent.agent_layout}"

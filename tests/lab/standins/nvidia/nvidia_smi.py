@@ -158,7 +158,7 @@ def normalise(raw, where):
     gpus = []
     for i, g in enumerate(raw["gpus"]):
         if isinstance(g, str):
-            g = {"name": g}
+            g = {"name": g}  # noqa: PLW2901 (a bare name is shorthand for {name: ...})
         if not isinstance(g, dict) or not isinstance(g.get("name"), str):
             raise TopologyError(f"{where}: gpus[{i}] needs a 'name'")
         bus = g.get("bus_id") or (
@@ -335,8 +335,8 @@ def select(topo, ids):
     if ids is None:
         return topo["gpus"]
     chosen = []
-    for token in ids.split(","):
-        token = token.strip()
+    for raw_token in ids.split(","):
+        token = raw_token.strip()
         match = [
             g
             for g in topo["gpus"]

@@ -5,10 +5,15 @@ re-deploy was 74 commands, run operation by operation in lockstep with every oth
 while pyinfra plans (deploy.py, host after host) each fact read waits for its node in turn.
 
 Two things here, both keyed on pyinfra's own fact classes and parsed by their own `process`:
-- a cache: a fact is remembered per host (same class and arguments) and forgotten as soon as
-  any operation command (shell, upload, download, Python callback) runs on that host, so a
-  value is never older than the last change the deploy made there. A clock (`Date`) is never
-  cached.
+- a cache: a fact is remembered per host and forgotten as soon as any operation command
+  (shell, upload, download, Python callback) runs on that host, so a value is never older
+  than the last change the deploy made there. A clock (`Date`) is never cached. The key is
+  what pyinfra 2.x's own cache hashed (`_get_fact_hash` in pyinfra/api/facts.py:
+  `make_hash((cls, fact_kwargs, executor_kwargs))`, both from `_handle_fact_kwargs`): the
+  fact class, its arguments bound to its `command` signature, and the connector arguments
+  the read runs with, i.e. the current operation's global arguments (sudo, su, env, shell,
+  chdir, ...) overridden by those passed to get_fact. A read with `_sudo=True` and one
+  without are two entries, as are two operations with different `_env`.
 - a batch read: the facts each host asked for are written down at the end of a run
   (~/.cache/gpu-cluster/facts/); the next run reads all of them in ONE command per host, for
   every host at once, before the plan asks for the first. A no-op re-deploy then costs about
@@ -16,13 +21,16 @@ Two things here, both keyed on pyinfra's own fact classes and parsed by their ow
   a missing binary, output the fact cannot process) is simply read the usual way.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
-import gevent
-import gevent.event
+import gevent  # type: ignore[import-untyped]  # gevent ships no type information
+import gevent.event  # type: ignore[import-untyped]
 from pyinfra.api import command as pyinfra_command
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.facts import FactBase, ShortFactBase, _handle_fact_kwargs, _make_command
@@ -45,6 +53,7 @@ MARK = "--8<-- gpu-cluster fact"
 _CACHE_ATTR = "_gpu_cluster_fact_cache"
 _WANTED_ATTR = "_gpu_cluster_facts_wanted"
 _BATCHED_ATTR = "_gpu_cluster_facts_batched"
+_WRAPPED = "_gpu_cluster_ext"  # on each replaced method: already wrapped
 
 
 def record_dir() -> Path:
@@ -74,7 +83,7 @@ def cacheable(cls) -> bool:
 
 
 def freeze(value):
-    """Lists (systemd facts take `services=[...]`) as tuples, so that they can be a key."""
+    """Lists (systemd facts take `services=[...]`) and dicts (`_env`) as tuples: a key."""
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
     if isinstance(value, dict):
@@ -82,13 +91,29 @@ def freeze(value):
     return value
 
 
-def cache_key(cls, args: tuple, kwargs: dict) -> tuple | None:
-    key = (cls, freeze(args), freeze(kwargs))
+def resolve(state, host, cls, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """(fact arguments, connector arguments) exactly as pyinfra's get_fact derives them."""
+    fact_kwargs, global_kwargs = _handle_fact_kwargs(state, host, cls, list(args), dict(kwargs))
+    fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # a fresh fact object
+    connector_kwargs = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    return fact_kwargs, connector_kwargs
+
+
+def key_of(cls, fact_kwargs: dict, connector_kwargs: dict) -> tuple | None:
+    key = (cls, freeze(fact_kwargs), freeze(connector_kwargs))
     try:
         hash(key)
-    except TypeError:  # a set or an object argument: read it every time
+    except TypeError:  # a set or an unhashable object argument: read it every time
         return None
     return key
+
+
+def cache_key(state, host, cls, args: tuple, kwargs: dict) -> tuple | None:
+    """The cache entry of a get_fact call on `host` made now (inside or outside an operation)."""
+    try:
+        return key_of(cls, *resolve(state, host, cls, args, kwargs))
+    except Exception:  # arguments the fact does not take: pyinfra's own read says so
+        return None
 
 
 # --- which facts a host asks for, kept between runs -------------------------------------------
@@ -122,7 +147,7 @@ def wanted_entries(cls, args: tuple, kwargs: dict) -> list[str]:
 def fact_class(name: str):
     module, _, qualname = name.partition(":")
     try:
-        obj = __import__(module, fromlist=["_"])
+        obj: Any = __import__(module, fromlist=["_"])
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
@@ -185,7 +210,8 @@ def batch_script(commands: list[str]) -> str:
 def parse_batch(lines: list[str]) -> dict[int, tuple[int, list[str]]]:
     """{index: (exit status, stdout lines as pyinfra would have read them)}."""
     results: dict[int, tuple[int, list[str]]] = {}
-    current, body = None, []
+    current: int | None = None
+    body: list[str] = []
     for line in lines:
         if line.startswith(MARK + " "):
             rest = line[len(MARK) + 1 :]
@@ -204,38 +230,40 @@ def parse_batch(lines: list[str]) -> dict[int, tuple[int, list[str]]]:
 
 
 def _fact_command(state, host, cls, args, kwargs):
-    """(fact, shell text, connector kwargs) as pyinfra's get_fact would run it, or None.
-    `process` must be called on the same fact object: some keep their arguments on it."""
+    """(cache key, fact, shell text, connector kwargs) as pyinfra's get_fact would run it, or
+    None. `process` must be called on the same fact object: some keep their arguments on it."""
     fact = cls()
     if fact.shell_executable or fact.check_preconditions(state, host):
         return None
-    fact_kwargs, global_kwargs = _handle_fact_kwargs(state, host, cls, list(args), dict(kwargs))
+    fact_kwargs, connector_kwargs = resolve(state, host, cls, args, kwargs)
+    key = key_of(cls, fact_kwargs, connector_kwargs)
     text = shell_text(_make_command(fact.command, dict(fact_kwargs)))
     requires_command = _make_command(fact.requires_command, dict(fact_kwargs))
     requires = shell_text(requires_command)
-    if text is None or (requires_command is not None and requires is None):
+    if key is None or text is None or (requires_command is not None and requires is None):
         return None
     if requires:
         text = f"command -v {requires} >/dev/null 2>&1 || exit 127; {text}"
-    connector_kwargs = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
-    return fact, text, connector_kwargs
+    return key, fact, text, connector_kwargs
 
 
 def read_batch(state, host, wanted: list[tuple]) -> int:
-    """Read `wanted` facts on `host` in one command into its cache; how many were cached."""
-    commands, facts, connector_kwargs = [], [], None
+    """Read `wanted` facts on `host` in one command into its cache; how many were cached.
+
+    All of them run with one set of connector arguments (those of the first) and are cached
+    under it: a later read with other arguments (an operation's `_sudo`) misses and reads."""
+    commands: list[str] = []
+    facts: list[tuple[tuple, Any]] = []
+    connector_kwargs = None
     for cls, args, kwargs in wanted:
-        key = cache_key(cls, args, kwargs)
-        if key is None or key in _cache(host):
-            continue
         try:
             made = _fact_command(state, host, cls, args, kwargs)
         except Exception as e:  # arguments a fact no longer takes
             logger.debug("%s: not batching %s: %s", host.name, cls.__name__, e)
             continue
-        if made is None:
+        if made is None or made[0] in _cache(host):
             continue
-        fact, text, kwargs_of_fact = made
+        key, fact, text, kwargs_of_fact = made
         if connector_kwargs is None:
             connector_kwargs = kwargs_of_fact
         elif kwargs_of_fact != connector_kwargs:
@@ -298,7 +326,8 @@ def prefetch(state, host) -> None:
 
 def _cached_get_fact(original):
     def get_fact(self, name_or_cls, *args, **kwargs):
-        key = cache_key(name_or_cls, args, kwargs) if cacheable(name_or_cls) else None
+        state = getattr(self, "state", None)
+        key = cache_key(state, self, name_or_cls, args, kwargs) if cacheable(name_or_cls) else None
         if key is None:
             return original(self, name_or_cls, *args, **kwargs)
         entries = wanted_entries(name_or_cls, args, kwargs)
@@ -308,13 +337,12 @@ def _cached_get_fact(original):
                 wanted = set()
                 setattr(self, _WANTED_ATTR, wanted)
             wanted.update(entries)
-        prefetch(getattr(self, "state", None), self)
+        prefetch(state, self)
         cache = _cache(self)
         if key not in cache:
             cache[key] = original(self, name_or_cls, *args, **kwargs)
         return cache[key]
 
-    get_fact._gpu_cluster_cached = True
     return get_fact
 
 
@@ -326,26 +354,27 @@ def _forgetting_execute(original):
         finally:
             forget(host)  # what the command changed is visible to the next read
 
-    execute._gpu_cluster_cached = True
     return execute
 
 
+def _wrap(owner: type, name: str, wrapper_factory) -> None:
+    method = getattr(owner, name)
+    if not getattr(method, _WRAPPED, False):
+        wrapped = wrapper_factory(method)
+        setattr(wrapped, _WRAPPED, True)
+        setattr(owner, name, wrapped)
+
+
+def patch() -> None:
+    """Idempotent: wraps Host.get_fact and the command classes' execute once per process."""
+    _wrap(Host, "get_fact", _cached_get_fact)
+    for cls in COMMAND_CLASSES:
+        _wrap(cls, "execute", _forgetting_execute)
+
+
 class SaveWanted(BaseStateCallback):
-    def host_disconnect(self, state, host):
+    @staticmethod
+    def host_disconnect(state, host):
         # A reboot disconnects its host mid-run too: save at the final disconnect only.
         if state.current_stage == StateStage.Disconnect:
             save_wanted(host)
-
-
-_installed_on: set[int] = set()
-
-
-def install(state) -> None:
-    """Idempotent: deploy.py runs once per host."""
-    if not getattr(Host.get_fact, "_gpu_cluster_cached", False):
-        Host.get_fact = _cached_get_fact(Host.get_fact)
-        for cls in COMMAND_CLASSES:
-            cls.execute = _forgetting_execute(cls.execute)
-    if id(state) not in _installed_on:
-        _installed_on.add(id(state))
-        state.add_callback_handler(SaveWanted())

@@ -1,0 +1,406 @@
+"""The model of cluster.yaml: frozen dataclasses, one field per key.
+
+Each field declares its key once: `name: Annotated[type, spec]`, where the spec (see
+deploy/cluster/keys.py) holds the check, the default and the one-line description that the
+docs' key table shows. A type is `| None` only where the key may stay unset after loading.
+A `Cluster` exists only once every check passed: no other field is ever None.
+"""
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from deploy.cluster import checks
+from deploy.cluster.keys import (
+    ArtifactKey,
+    Computed,
+    Key,
+    ListKey,
+    Required,
+    SecretKey,
+    Section,
+    default,
+    defaults,
+)
+from deploy.secrets import Secret
+
+ROLES = ("master", "storage", "agent")
+AGENT_LAYOUTS = ("per_node", "per_domain")
+SLOT_TYPES = ("auto", "cuda", "gpu", "rocm", "cpu", "none")
+REBOOT_POLICIES = ("auto", "never")
+ARTIFACT_KINDS = ("master", "agent")
+
+
+def _pinned(value: str, doc: str, pattern: str = r"\d+\.\d+\.\d+", rule: str = "`N.N.N`") -> Key:
+    """A version key whose default is also the example in its problems."""
+    return Key(checks.version(value, pattern, rule), value, doc)
+
+
+@dataclass(frozen=True)
+class Ssh:
+    user: Annotated[
+        str,
+        Key(
+            checks.matching(r"[a-z_][a-z0-9_.-]*", "a user name", rule="user name"),
+            "root",
+            "the user pyinfra logs in as",
+        ),
+    ]
+    port: Annotated[int, Key(checks.port, 22, "the nodes' SSH port")]
+    key_file: Annotated[str | None, Key(checks.text, None, "private key on the machine that runs pyinfra")]
+    strict_host_key_checking: Annotated[
+        bool,
+        Key(
+            checks.boolean,
+            True,
+            "`true` rejects unknown host keys: put the nodes' keys into known_hosts first "
+            "(`ssh-keyscan`, then compare fingerprints on the consoles)",
+        ),
+    ]
+    known_hosts_file: Annotated[
+        str | None, Key(checks.text, None, "the known_hosts file to check host keys against")
+    ]
+
+
+@dataclass(frozen=True)
+class IpoibNetwork:
+    interface: Annotated[
+        str,
+        Key(
+            checks.matching(
+                r"[A-Za-z0-9_.-]{1,15}",
+                "a network interface name (1-15 characters)",
+                rule="interface name, 1-15 characters",
+            ),
+            "ib0",
+            "the IPoIB interface on every node",
+        ),
+    ]
+    subnet: Annotated[
+        ipaddress.IPv4Network,
+        Key(
+            checks.cidr,
+            Required("the IPoIB subnet, like '10.10.0.0/24'"),
+            "the IPoIB network; must not overlap `network.management`",
+        ),
+    ]
+    mtu: Annotated[int, Key(checks.integer(576, 65520), 2044, "2044 is IPoIB datagram mode")]
+
+
+@dataclass(frozen=True)
+class Network:
+    management: Annotated[
+        ipaddress.IPv4Network,
+        Key(
+            checks.cidr,
+            Required("the management subnet, like '10.0.0.0/24'"),
+            "the network pyinfra reaches the nodes on",
+        ),
+    ]
+    ipoib: Annotated[IpoibNetwork, Section(required="at least its subnet")]
+
+
+@dataclass(frozen=True)
+class Preflight:
+    # ("Ubuntu 20.04", ("5.4.0-100-generic",)) pairs: a tuple keeps the model immutable.
+    allowed_os: Annotated[
+        tuple[tuple[str, tuple[str, ...]], ...],
+        Key(
+            checks.allowed_os,
+            (("Ubuntu 20.04", ("5.4.0-100-generic",)), ("Ubuntu 22.04", ("5.15.0-100-generic",))),
+            "the OS releases and kernels preflight accepts on a node",
+        ),
+    ]
+    min_free_disk_gb: Annotated[
+        float, Key(checks.number_at_least(0), 50.0, "free space preflight demands on `disk_path`, in GB")
+    ]
+    disk_path: Annotated[str, Key(checks.abs_path, "/", "where preflight measures free space")]
+
+
+@dataclass(frozen=True)
+class Versions:
+    nvidia_driver: Annotated[str, _pinned("515.65.01", "the NVIDIA driver")]
+    cuda: Annotated[str, _pinned("11.7.1", "the CUDA toolkit")]
+    nccl: Annotated[str, _pinned("2.14.3", "NCCL")]
+    mofed: Annotated[str, _pinned("5.8-3.0.7.0", "MLNX_OFED", r"\d+\.\d+-[\d.]+", "`N.N-N.N…`")]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """`{url, sha256}` of one download; its keys are checked per file (see Sources, rules.py)."""
+
+    url: str  # may hold {version} / {distro} placeholders
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Sources:
+    apt_proxy: Annotated[str | None, Key(checks.url(("http",)), None, "an apt proxy for the nodes")]
+    cuda_repo: Annotated[
+        str,
+        Key(
+            checks.url(("http", "https"), placeholders=("distro",), trailing_slash=True),
+            "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/",
+            "NVIDIA's CUDA apt repository; `{distro}` becomes NVIDIA's name for the node's OS "
+            "(`ubuntu2004`, `ubuntu2204`, `debian12`)",
+        ),
+    ]
+    mofed_tarball: Annotated[
+        Artifact,
+        ArtifactKey(
+            "MLNX_OFED tarball",
+            ("version", "distro"),
+            "the MLNX_OFED tarball; `{distro}` becomes `ubuntu20.04`, `ubuntu22.04`, `debian12`",
+        ),
+    ]
+    minio: Annotated[Artifact, ArtifactKey("MinIO server binary", (), "the MinIO server binary")]
+    determined_master: Annotated[
+        Artifact, ArtifactKey("determined-master package", ("version",), "the determined-master .deb")
+    ]
+    determined_agent: Annotated[
+        Artifact, ArtifactKey("determined-agent package", ("version",), "the determined-agent .deb")
+    ]
+
+    def cuda_repo_for(self, os_id: str, os_version: str) -> str:
+        """NVIDIA names its repos ubuntu2004, ubuntu2204, debian12."""
+        return self.cuda_repo.format(distro=os_id.lower() + os_version.replace(".", ""))
+
+    def mofed_url_for(self, os_id: str, os_version: str, mofed_version: str) -> str:
+        """MLNX_OFED tarballs are named per distro as ubuntu20.04, ubuntu22.04, debian12."""
+        return self.mofed_tarball.url.format(version=mofed_version, distro=os_id.lower() + os_version)
+
+    def determined_url(self, kind: str, version: str) -> str:
+        if kind not in ARTIFACT_KINDS:
+            raise ValueError(f"kind must be one of {ARTIFACT_KINDS}, not {kind!r}")
+        artifact = self.determined_master if kind == "master" else self.determined_agent
+        return artifact.url.format(version=version)
+
+
+@dataclass(frozen=True)
+class Storage:
+    host: Annotated[
+        str,
+        Key(
+            checks.hostname,
+            Computed("`master_host`"),
+            "hostname of a declared node; that node gets the `storage` role and runs MinIO",
+        ),
+    ]
+    bucket: Annotated[
+        str,
+        Key(
+            checks.bucket,
+            Required("the S3 bucket for checkpoints"),
+            "the bucket for Determined's checkpoints",
+        ),
+    ]
+    region: Annotated[
+        str,
+        Key(
+            checks.matching(
+                r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "a region name like 'us-east-1'", rule="region name"
+            ),
+            "us-east-1",
+            "MinIO's site region and every S3 client's signing region (see below)",
+        ),
+    ]
+    port: Annotated[int, Key(checks.port, 9000, "MinIO's S3 API port")]
+    console_port: Annotated[int, Key(checks.port, 9001, "MinIO's console port; not `storage.port`")]
+    data_dir: Annotated[str, Key(checks.abs_path, "/mnt/data", "where MinIO keeps the objects; not `/`")]
+    endpoint_url: Annotated[
+        str,
+        Key(
+            checks.url(("http", "https"), trailing_slash=False, path_allowed=False),
+            Computed("`http://<storage host>:<port>`"),
+            "where S3 clients reach MinIO",
+        ),
+    ]
+    prefix: Annotated[str | None, Key(checks.key_prefix, None, "object key prefix for checkpoints")]
+    access_key: Annotated[
+        Secret,
+        SecretKey("MinIO's root user (S3 access key)", "MinIO's root user (S3 access key); ≥ 3 characters"),
+    ]
+    secret_key: Annotated[
+        Secret,
+        SecretKey(
+            "MinIO's root password (S3 secret key)", "MinIO's root password (S3 secret key); ≥ 8 characters"
+        ),
+    ]
+
+
+_IDENTIFIER = checks.matching(
+    r"[A-Za-z_][A-Za-z0-9_]{0,62}",
+    "a PostgreSQL identifier (letters, digits, '_')",
+    rule="PostgreSQL identifier",
+)
+
+
+@dataclass(frozen=True)
+class Database:
+    name: Annotated[str, Key(_IDENTIFIER, "determined", "Determined's PostgreSQL database")]
+    user: Annotated[str, Key(_IDENTIFIER, "determined", "Determined's PostgreSQL user")]
+    port: Annotated[int, Key(checks.port, 5432, "PostgreSQL's port on the master host")]
+    password: Annotated[
+        Secret,
+        SecretKey("the PostgreSQL password of the Determined user", "the PostgreSQL password of that user"),
+    ]
+
+
+@dataclass(frozen=True)
+class Determined:
+    version: Annotated[str, _pinned("0.38.0", "the Determined release")]
+    admin_password: Annotated[
+        Secret,
+        SecretKey(
+            "the initial password of Determined's admin user",
+            "the initial password of Determined's admin user; Determined's policy: 8+ characters "
+            "with an upper-case letter, a lower-case letter and a digit",
+        ),
+    ]
+    agent_layout: Annotated[
+        str,
+        Key(
+            checks.choice(AGENT_LAYOUTS),
+            "per_node",
+            "one agent per node, or `per_domain`: one agent per NVLink domain",
+        ),
+    ]
+    resource_pool: Annotated[
+        str,
+        Key(
+            checks.matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a resource pool name", rule="resource pool name"),
+            "default",
+            "the agents' resource pool",
+        ),
+    ]
+    slot_type: Annotated[str, Key(checks.choice(SLOT_TYPES), "cuda", "what a slot of an agent is")]
+
+
+@dataclass(frozen=True)
+class Node:
+    hostname: Annotated[
+        str, Key(checks.hostname, Required("the node's hostname"), "unique (case-insensitive)")
+    ]
+    address: Annotated[
+        ipaddress.IPv4Address,
+        Key(
+            checks.ipv4,
+            Required("the node's management address"),
+            "in `network.management`, not its network or broadcast address; unique",
+        ),
+    ]
+    ipoib_address: Annotated[
+        ipaddress.IPv4Address,
+        Key(
+            checks.ipv4,
+            Required("the node's IPoIB address"),
+            "in `network.ipoib.subnet` (so never in the management network); unique, "
+            "also against management addresses",
+        ),
+    ]
+    # The effective roles, in ROLES order: the declared ones plus master / storage for the
+    # nodes named by master_host / storage.host.
+    roles: Annotated[
+        tuple[str, ...],
+        Key(checks.role_list(ROLES), (), "the node's roles; see below for master and storage"),
+    ]
+    slots: Annotated[int | None, Key(checks.integer(1), 8, "the agent's GPU slots", agents_only=True)]
+    agent_layout: Annotated[
+        str | None,
+        Key(
+            checks.choice(AGENT_LAYOUTS),
+            Computed("`determined.agent_layout`"),
+            "overrides the cluster's layout for this node",
+            agents_only=True,
+        ),
+    ]
+
+    def to_json(self) -> dict:
+        return {
+            "hostname": self.hostname,
+            "address": str(self.address),
+            "ipoib_address": str(self.ipoib_address),
+            "roles": list(self.roles),
+            "slots": self.slots,
+            "agent_layout": self.agent_layout,
+        }
+
+
+@dataclass(frozen=True)
+class Cluster:
+    path: Path  # the file it was loaded from; not a key
+    master_host: Annotated[
+        str,
+        Key(
+            checks.hostname,
+            Required("the hostname of the master node"),
+            "hostname of a declared node; that node gets the `master` role",
+        ),
+    ]
+    master_port: Annotated[
+        int, Key(checks.port, 23457, "the Determined master's port (the article moved off 8080)")
+    ]
+    ssh: Annotated[Ssh, Section()]
+    network: Annotated[Network, Section(required="the management and IPoIB subnets")]
+    preflight: Annotated[Preflight, Section()]
+    nodes: Annotated[
+        tuple[Node, ...],
+        ListKey("non-empty list", "the list of nodes", "every machine of the cluster, see below"),
+    ]
+    versions: Annotated[Versions, Section()]
+    sources: Annotated[
+        Sources,
+        Section(required="where the MLNX_OFED, MinIO and Determined files come from, each pinned by sha256"),
+    ]
+    storage: Annotated[
+        Storage,
+        Section(required="bucket, access_key and secret_key of the checkpoint store", holds_secrets=True),
+    ]
+    database: Annotated[Database, Section(required="at least password", holds_secrets=True)]
+    determined: Annotated[Determined, Section(required="at least admin_password", holds_secrets=True)]
+    reboot: Annotated[
+        str,
+        Key(
+            checks.choice(REBOOT_POLICIES),
+            "auto",
+            "`auto` reboots a node when a driver change needs it; an unquoted `no` is a YAML "
+            "boolean and is refused",
+        ),
+    ]
+
+    def node(self, hostname: str) -> Node:
+        for n in self.nodes:
+            if n.hostname == hostname:
+                return n
+        raise KeyError(f"{hostname!r} is not a node of {self.path}")
+
+    def nodes_with(self, role: str) -> tuple[Node, ...]:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        return tuple(n for n in self.nodes if role in n.roles)
+
+    @property
+    def master_node(self) -> Node:
+        return self.node(self.master_host)
+
+    @property
+    def storage_node(self) -> Node:
+        return self.node(self.storage.host)
+
+    @property
+    def agents(self) -> tuple[Node, ...]:
+        return self.nodes_with("agent")
+
+    def to_json(self) -> dict:
+        # pyinfra's JSON output (debug-inventory, --json) calls this; keep it short.
+        return {
+            "file": str(self.path),
+            "master_host": self.master_host,
+            "nodes": [n.hostname for n in self.nodes],
+        }
+
+
+# The pins tests/lab builds its package mirror for (from the table above).
+DEFAULT_VERSIONS: dict[str, str] = defaults(Versions)
+DEFAULT_DETERMINED_VERSION: str = default(Determined, "version")

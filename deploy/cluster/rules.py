@@ -1,0 +1,414 @@
+"""The cluster's own rules: building the model from the checked keys, and every check that
+looks at more than one key (subnets, addresses, roles, the storage host, ports, secrets' strength).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from deploy.cluster import checks
+from deploy.cluster.keys import (
+    ArtifactKey,
+    Key,
+    ListKey,
+    Section,
+    allowed,
+    default,
+    open_section,
+    read,
+    required,
+    section_type,
+    specs,
+)
+from deploy.cluster.model import (
+    ROLES,
+    Artifact,
+    Cluster,
+    Database,
+    Determined,
+    IpoibNetwork,
+    Network,
+    Node,
+    Preflight,
+    Sources,
+    Ssh,
+    Storage,
+    Versions,
+)
+from deploy.cluster.reader import (
+    MISSING,
+    ClusterError,
+    Map,
+    Reader,
+    did_you_mean,
+    index_document,
+    read_document,
+)
+from deploy.secrets import describe
+
+
+def load_cluster(path: str | Path, *, resolve_secrets: bool = True) -> Cluster:
+    """Read and validate cluster.yaml. Raises ClusterError listing every problem.
+
+    resolve_secrets=False keeps secret references unresolved (`.value` then raises): for
+    tools that only need the references, such as deploy.article.
+    """
+    shown = str(path)
+    document, raw, surprises = read_document(path, shown)
+    reader = Reader(shown, resolve_secrets, top_keys=allowed(Cluster))
+    reader.hidden = tuple(
+        name for name, spec in specs(Cluster).items() if isinstance(spec, Section) and spec.holds_secrets
+    )
+    reader.shown_keys = {
+        f"{section}.{name}"
+        for section in reader.hidden
+        for name, spec in specs(section_type(Cluster, section)).items()
+        if isinstance(spec, Key)
+    }
+    if document is not None:
+        index_document(reader, document, surprises)
+    cluster = build(reader, raw, Path(path))
+    if reader.problems or cluster is None:
+        raise ClusterError(reader.in_file_order())
+    return cluster
+
+
+def build(r: Reader, raw: object, path: Path) -> Cluster | None:
+    """The model, or None once `r` holds every problem found."""
+    if raw is None:
+        r.add(
+            "",
+            "None",
+            "the file is empty: expected a mapping with " + ", ".join(required(Cluster)),
+        )
+        return None
+    if not isinstance(raw, dict):
+        r.add("", describe(raw), "the top level must be a mapping of keys (master_host, nodes, ...)")
+        return None
+    top = r.mapping(raw, "", allowed(Cluster))
+    values = read(top, Cluster)  # master_host, master_port, reboot
+    master_host = values["master_host"]
+    ssh = Ssh(**read(open_section(top, Cluster, "ssh"), Ssh))
+    network = _network(r, top)
+    preflight = Preflight(**read(open_section(top, Cluster, "preflight"), Preflight))
+    versions = Versions(**read(open_section(top, Cluster, "versions"), Versions))
+    sources = _sources(top)
+    storage_map = open_section(top, Cluster, "storage")
+    storage_values = read(storage_map, Storage, {"host": master_host})
+    storage_host = storage_values["host"]
+    determined = _determined(r, top)
+    roleless: list[tuple[str, object]] = []
+    nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless)
+    storage = _storage(r, storage_map, storage_values)
+    _endpoint(r, storage_map, storage, nodes, network)
+    database = Database(**read(open_section(top, Cluster, "database"), Database))
+
+    hostnames = [n.hostname for n in nodes or ()]
+    # Only when every node parsed: a node with a broken hostname would make this a false alarm.
+    if nodes is not None and None not in hostnames and len(hostnames) == len(top.raw("nodes")):
+        for key, name in (("master_host", master_host), ("storage.host", storage_host)):
+            if key == "storage.host" and storage_map.raw("host") is MISSING:
+                continue  # the default, master_host: already reported if wrong
+            if name is not None and name not in hostnames:
+                r.bad(key, name, "not the hostname of a node under nodes" + did_you_mean(name, hostnames))
+        if master_host in hostnames and storage_host in hostnames:
+            # Otherwise a node's missing role is only a consequence of the wrong name.
+            for key, raw_roles in roleless:
+                r.bad(
+                    key,
+                    raw_roles,
+                    "the node has no role: list agent, or name it in master_host or storage.host",
+                )
+    _port_clashes(r, ssh, master_host, values["master_port"], storage_host, storage, database)
+
+    if r.problems:
+        return None
+    return Cluster(
+        path=path,
+        ssh=ssh,
+        network=network,
+        preflight=preflight,
+        nodes=nodes or (),
+        versions=versions,
+        sources=sources,
+        storage=storage,
+        database=database,
+        determined=determined,
+        **values,
+    )
+
+
+def _network(r: Reader, top: Map) -> Network:
+    m = open_section(top, Cluster, "network")
+    management = read(m, Network)["management"]
+    ib = read(open_section(m, Network, "ipoib"), IpoibNetwork)
+    subnet = ib["subnet"]
+    if management is not None and subnet is not None and subnet.overlaps(management):
+        r.bad(
+            "network.ipoib.subnet",
+            str(subnet),
+            f"overlaps network.management ({management}): IPoIB needs a subnet of its own",
+        )
+        ib["subnet"] = None
+    return Network(management=management, ipoib=IpoibNetwork(**ib))
+
+
+_ARTIFACT_KEYS = tuple(f.name for f in dataclasses.fields(Artifact))
+
+
+def _sources(top: Map) -> Sources:
+    m = open_section(top, Cluster, "sources")
+    values: dict[str, Any] = read(m, Sources)
+    for name, spec in specs(Sources).items():
+        if not isinstance(spec, ArtifactKey):
+            continue
+        a = m.sub(name, _ARTIFACT_KEYS, required=f"{{url, sha256}} of the {spec.what}")
+        url = a.get(
+            "url",
+            checks.url(("http", "https"), placeholders=spec.placeholders),
+            what=f"where to download the {spec.what}",
+        )
+        pin: Any = checks.sha256(a, "sha256", spec.what)  # None after a problem: no Cluster then
+        values[name] = Artifact(url=url, sha256=pin)
+    return Sources(**values)
+
+
+def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
+    host, port = values["host"], values["port"]
+    if port is not None and port == values["console_port"]:
+        r.bad("storage.console_port", port, "must differ from storage.port")
+    if not m.given("endpoint_url") and host is not None and port is not None:
+        values["endpoint_url"] = f"http://{host}:{port}"
+    data_dir = values["data_dir"]
+    if data_dir is not None and data_dir.rstrip("/") == "":
+        r.bad("storage.data_dir", data_dir, "must not be the root directory")
+    # MinIO refuses to start with a root user under 3 or a password under 8 characters.
+    for key, least, what in (("access_key", 3, "an access key"), ("secret_key", 8, "a secret key")):
+        secret = values[key]
+        if secret is not None and secret.resolved and len(secret.value) < least:
+            r.add(
+                f"storage.{key}",
+                str(secret.reference),
+                f"too short: MinIO needs {what} of at least {least} characters",
+            )
+    return Storage(**values)
+
+
+SCHEME_PORTS = {"http": 80, "https": 443}
+
+
+def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | None, network: Network) -> None:
+    """A written endpoint_url must reach MinIO's S3 port on the storage node.
+
+    Otherwise the deploy succeeds and the first checkpoint fails: another host, the console
+    port (a web UI, not S3), or a port left out (S3 clients then use 80 or 443).
+    """
+    url, host, port = storage.endpoint_url, storage.host, storage.port
+    if not m.given("endpoint_url") or url is None or host is None or port is None:
+        return
+    split = checks.split_url(url)
+    if isinstance(split, str):  # reported by the field check already
+        return
+    parts, url_host, url_port = split
+    key = "storage.endpoint_url"
+    node = next((n for n in nodes or () if n.hostname == host), None)
+    if node is not None:
+        # The names and addresses of the storage node; <host>-<interface> is its IPoIB name
+        # in every node's /etc/hosts (roles/hosts.py).
+        names = [host, str(node.address), str(node.ipoib_address)]
+        if network.ipoib.interface is not None:
+            names.insert(1, f"{host}-{network.ipoib.interface}")
+        if url_host.rstrip(".").lower() not in [n.lower() for n in names]:
+            r.bad(
+                key,
+                url,
+                f"points at {url_host}, not at the storage node {host} (write one of: {', '.join(names)})",
+            )
+    default_port = SCHEME_PORTS[parts.scheme]
+    if url_port is None:
+        if port != default_port:
+            r.bad(
+                key,
+                url,
+                f"has no port, so S3 clients would use {default_port}; MinIO's S3 API listens on "
+                f"storage.port ({port}): write {parts.scheme}://{url_host}:{port}",
+            )
+    elif url_port == storage.console_port:
+        r.bad(
+            key,
+            url,
+            f"port {url_port} is storage.console_port, MinIO's web console: S3 clients need "
+            f"storage.port ({port})",
+        )
+    elif url_port != port:
+        r.bad(key, url, f"port {url_port} is not storage.port ({port}), where MinIO's S3 API listens")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _password_policy(value: str) -> list[str]:
+    """Determined's rule for initial_user_password; returns what is missing."""
+    missing = []
+    if len(value) < 8:
+        missing.append("at least 8 characters")
+    if not any(c.isupper() for c in value):
+        missing.append("an upper-case letter")
+    if not any(c.islower() for c in value):
+        missing.append("a lower-case letter")
+    if not any(c.isdigit() for c in value):
+        missing.append("a digit")
+    return missing
+
+
+def _determined(r: Reader, top: Map) -> Determined:
+    values = read(open_section(top, Cluster, "determined"), Determined)
+    admin = values["admin_password"]
+    if admin is not None and admin.resolved:
+        missing = _password_policy(admin.value)
+        if missing:
+            r.add(
+                "determined.admin_password",
+                str(admin.reference),
+                "the password does not meet Determined's policy: it needs " + _and(missing),
+            )
+    return Determined(**values)
+
+
+def _nodes(
+    r: Reader,
+    top: Map,
+    network: Network,
+    master_host: str | None,
+    storage_host: str | None,
+    determined: Determined,
+    roleless: list[tuple[str, object]],
+) -> tuple[Node, ...] | None:
+    raw = top.raw("nodes")
+    if raw is MISSING or raw is None:
+        if not top.broken:
+            spec = specs(Cluster)["nodes"]
+            assert isinstance(spec, ListKey)
+            r.bad("nodes", raw, f"required: {spec.required}")
+        return None
+    if not isinstance(raw, list) or not raw:
+        r.bad("nodes", raw, "must be a non-empty list of nodes")
+        return None
+
+    management, ipoib = network.management, network.ipoib.subnet
+    nodes: list[Node] = []
+    seen_names: dict[str, str] = {}
+    seen_addresses: dict[ipaddress.IPv4Address, str] = {}
+    for i, item in enumerate(raw):
+        m = r.mapping(item, f"nodes[{i}]", allowed(Node))
+        if m.broken:
+            continue
+        v = read(m, Node)
+        hostname, address, ipoib_address, declared = (
+            v["hostname"],
+            v["address"],
+            v["ipoib_address"],
+            v["roles"],
+        )
+
+        if hostname is not None:
+            if hostname.lower() in seen_names:
+                r.bad(
+                    m.key("hostname"),
+                    hostname,
+                    f"duplicate: {seen_names[hostname.lower()]} has the same hostname",
+                )
+            seen_names.setdefault(hostname.lower(), m.key("hostname"))
+        if address is not None and management is not None:
+            _check_in_subnet(r, m.key("address"), address, management, "network.management")
+        if ipoib_address is not None:
+            if management is not None and ipoib_address in management:
+                r.bad(
+                    m.key("ipoib_address"),
+                    str(ipoib_address),
+                    f"is inside network.management ({management}): IPoIB addresses "
+                    "belong to network.ipoib.subnet",
+                )
+            elif ipoib is not None:
+                _check_in_subnet(r, m.key("ipoib_address"), ipoib_address, ipoib, "network.ipoib.subnet")
+        for key, addr in (("address", address), ("ipoib_address", ipoib_address)):
+            if addr is None:
+                continue
+            if addr in seen_addresses:
+                r.bad(m.key(key), str(addr), f"duplicate: {seen_addresses[addr]} has the same address")
+            seen_addresses.setdefault(addr, m.key(key))
+
+        roles = set(declared or ())
+        for role, owner, owner_key in (
+            ("master", master_host, "master_host"),
+            ("storage", storage_host, "storage.host"),
+        ):
+            if hostname is not None and hostname == owner:
+                roles.add(role)
+            elif role in roles and owner is not None and hostname is not None:
+                r.bad(
+                    m.key("roles"),
+                    list(declared),
+                    f"lists {role}, but {owner_key} is {owner!r}: only that node has the {role} role",
+                )
+        if declared is not None and not roles and hostname is not None:
+            roleless.append((m.key("roles"), m.raw("roles")))
+        is_agent = "agent" in roles
+        slots, layout = v["slots"], v["agent_layout"]
+        if not is_agent and declared is not None:
+            for key, value in (("slots", slots), ("agent_layout", layout)):
+                if value is not None:
+                    r.bad(m.key(key), value, "only agents have this: add agent to roles or remove it")
+        if is_agent:
+            v["slots"] = default(Node, "slots") if slots is None else slots
+            v["agent_layout"] = determined.agent_layout if layout is None else layout
+        else:
+            v["slots"] = v["agent_layout"] = None
+        v["roles"] = tuple(role for role in ROLES if role in roles)
+        nodes.append(Node(**v))
+    return tuple(nodes)
+
+
+def _check_in_subnet(
+    r: Reader, path: str, addr: ipaddress.IPv4Address, subnet: ipaddress.IPv4Network, subnet_key: str
+) -> None:
+    if addr not in subnet:
+        r.bad(path, str(addr), f"not in {subnet_key} ({subnet})")
+    elif subnet.prefixlen < 31 and addr in (subnet.network_address, subnet.broadcast_address):
+        which = "network" if addr == subnet.network_address else "broadcast"
+        r.bad(path, str(addr), f"is the {which} address of {subnet_key} ({subnet})")
+
+
+def _port_clashes(
+    r: Reader,
+    ssh: Ssh,
+    master_host: str | None,
+    master_port: int | None,
+    storage_host: str | None,
+    storage: Storage,
+    database: Database,
+) -> None:
+    # Services sharing a host must not share a port. The article's cluster hit this: the
+    # Determined master's default port, 8080, was already held by another service (Slurm), and
+    # the service that starts second fails with only 'Address already in use' in its journal.
+    listeners = [
+        (master_host, "master_port", master_port),
+        (master_host, "database.port", database.port),
+        (storage_host, "storage.port", storage.port),
+        (storage_host, "storage.console_port", storage.console_port),
+    ]
+    taken: dict[tuple[str, int], str] = {}
+    for host, key, port in listeners:
+        if host is None or port is None:
+            continue
+        other = taken.get((host, port))
+        if ssh.port is not None and port == ssh.port:
+            r.bad(key, port, f"clashes with ssh.port on {host}")
+        elif other is None:
+            taken[(host, port)] = key
+        elif {other, key} != {"storage.port", "storage.console_port"}:  # reported already
+            r.bad(key, port, f"clashes with {other} on {host}: each service needs its own port")

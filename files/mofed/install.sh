@@ -1,0 +1,31 @@
+# install.sh TARBALL WORK_DIR TOP RELEASE OPENIBD, run by roles/mofed.py (see roles/scripts.py).
+# Unpacks the (sha256-verified) MLNX_OFED TARBALL into WORK_DIR, where it makes the directory
+# TOP; runs mlnxofedinstall, explains its exit status, restarts OPENIBD and checks that
+# `ofed_info -s` names RELEASE. Success removes the unpacked tree and the tarball; a failure
+# keeps the tarball for the next attempt. Every message starts with RELEASE.
+tarball=$1 work=$2 top=$3 release=$4 openibd=$5
+tree="$work/$top"
+say() { echo "$release: $*" >&2; }
+
+rm -rf "$tree" && mkdir -p "$work" || exit 1
+tar -xzf "$tarball" -C "$work" || { say "cannot unpack $tarball"; exit 1; }
+[ -x "$tree/mlnxofedinstall" ] || { say "$tarball holds no $top/mlnxofedinstall"; exit 1; }
+(cd "$tree" && ./mlnxofedinstall --without-fw-update --add-kernel-support --force)
+rc=$?
+# mlnxofedinstall's exit statuses (MLNX_OFED user manual). After 0 and 2 the software is in
+# place; anything else stops the host.
+case $rc in
+    0) ;;
+    2) say "mlnxofedinstall exited 2: no firmware was found for the adapter (the software itself is installed)" ;;
+    1) say "mlnxofedinstall exited 1: the installation failed"; exit 1 ;;
+    22) say "mlnxofedinstall exited 22: invalid parameter"; exit 1 ;;
+    28) say "mlnxofedinstall exited 28: not enough free disk space"; exit 1 ;;
+    171) say "mlnxofedinstall exited 171: not applicable to this system (no supported adapter or OS?)"; exit 1 ;;
+    172) say "mlnxofedinstall exited 172: prerequisites are not met (missing packages or kernel headers?)"; exit 1 ;;
+    173) say "mlnxofedinstall exited 173: the mst driver failed to start"; exit 1 ;;
+    *) say "mlnxofedinstall exited $rc: unexpected exit status"; exit 1 ;;
+esac
+"$openibd" restart || { say "$openibd restart failed"; exit 1; }
+now=$(ofed_info -s 2>/dev/null)
+[ "$now" = "$release:" ] || { say "after the installation ofed_info -s says '$now'"; exit 1; }
+rm -rf "$tree" "$tarball"
