@@ -16,7 +16,9 @@ Options other than --timeout go to pyinfra (e.g. -v, --json: this command's own 
 to stderr, so stdout stays pyinfra's). The admin login is `admin` with
 determined.admin_password from cluster.yaml; DET_USER / DET_PASS override it, as for the
 `det` CLI, when the password was changed after the first boot. Exit status: pyinfra's when
-the deploy fails, 3 when the deploy passed but the agents were not confirmed, 2 on bad usage.
+the deploy fails, 3 when the deploy passed but the agents were not confirmed, 4 when the
+master refuses the login (HTTP 401/403: nothing was deployed, or the agents were not
+confirmed), 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from deploy.cluster import Cluster, Node
+from deploy.summary import redact_argv
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_CONFIRMED = 3
@@ -46,6 +49,15 @@ def say(message: str) -> None:
 
 class MasterError(Exception):
     """The master did not answer, or answered with an error."""
+
+
+class MasterRefused(Exception):
+    """HTTP 401/403: the master answers but refuses our login. Not a MasterError, which the
+    waits below take for "not back yet": going on would wait out every timeout, then leave
+    the node's agents disabled."""
+
+
+REFUSED = 4  # exit status
 
 
 class Master:
@@ -69,6 +81,12 @@ class Master:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise MasterRefused(
+                    f"the master at {self.url} refuses {self.username} ({method} {path}: "
+                    f"HTTP {e.code}): set DET_USER/DET_PASS to an admin login that works "
+                    "(determined.admin_password is set on the master's first boot only)"
+                ) from None
             raw = e.read()
             try:
                 detail = json.loads(raw)["error"]["error"]
@@ -265,26 +283,36 @@ def main(argv: list[str] | None = None) -> int:
         names = ", ".join(n.hostname for n in cluster.nodes)
         parser.error(f"{args.node}: not a node of {cluster.path} ({names})")
 
+    try:
+        return rebuild(args.inventory, inventory, cluster, node, extra, args.timeout)
+    except MasterRefused as e:
+        say(str(e))
+        return REFUSED
+
+
+def rebuild(
+    shown: Path, inventory: Path, cluster: Cluster, node: Node, extra: list[str], timeout: float
+) -> int:
     master = Master(cluster)
     disabled = take_out_of_service(master, node) if "agent" in node.roles else []
     expected = expected_back(node, disabled)
 
     argv_ = pyinfra_argv(inventory, node.hostname, extra)
-    say(f"deploying {node.hostname}: {' '.join(argv_)}")
+    say(f"deploying {node.hostname}: {' '.join(redact_argv(argv_))}")
     rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL, check=False).returncode
     if rc != 0:
         say(
             f"the deploy of {node.hostname} failed (exit status {rc})"
             + ("; its agents stay disabled" if disabled else "")
-            + f"; fix the cause and re-run: python -m deploy.rebuild {args.inventory} {node.hostname}"
+            + f"; fix the cause and re-run: python -m deploy.rebuild {shown} {node.hostname}"
         )
         return rc
 
     ok = True
     if "agent" in node.roles:
-        ok = back_in_service(master, node, expected, args.timeout)
+        ok = back_in_service(master, node, expected, timeout)
     if "master" in node.roles:
-        ok = master_back(master, cluster, args.timeout) and ok
+        ok = master_back(master, cluster, timeout) and ok
     if not ok:
         return NOT_CONFIRMED
     say(f"{node.hostname} rebuilt")

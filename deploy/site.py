@@ -27,6 +27,7 @@ from roles import (
     mofed,
     nccl,
     nvidia_driver,
+    pg_backup,
     postgresql,
     preflight,
 )
@@ -60,6 +61,8 @@ def run() -> None:
         minio.apply(cluster=cluster, node=node)
     if "master" in roles:
         postgresql.apply(cluster=cluster, node=node)
+    if "master" in roles:
+        pg_backup.apply(cluster=cluster, node=node)
     if "master" in roles:
         determined_master.apply(cluster=cluster, node=node)
     if "agent" in roles:

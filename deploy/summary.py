@@ -7,6 +7,7 @@ host's SSH connection is gone is asked of deploy/pyinfra_ext, which also keeps t
 from aborting the other hosts.
 """
 
+import re
 import shlex
 import sys
 
@@ -17,8 +18,43 @@ from deploy.pyinfra_ext import connection_lost
 _installed_on: set[int] = set()
 
 
+# pyinfra 3.10's options that take a secret (pyinfra_cli/cli.py: --ssh-password/--password,
+# --ssh-key-password/--key-password; the sudo passwords are prompted for, never given in argv)
+# and --data KEY=VALUE whose KEY names one: their values never appear in a re-run line.
+SECRET_OPTIONS = ("--ssh-password", "--password", "--ssh-key-password", "--key-password")
+SECRET_DATA_KEY = re.compile(r"pass|secret|token|credential|auth|private|(^|_)key($|_)", re.IGNORECASE)
+HIDDEN = "<hidden>"
+
+
+def _data_value(value: str) -> str:
+    key, sep, _ = value.partition("=")
+    return f"{key}={HIDDEN}" if sep and SECRET_DATA_KEY.search(key) else value
+
+
+def redact_argv(args: list[str]) -> list[str]:
+    """`args` with the values of secret-bearing options replaced by <hidden>."""
+    out: list[str] = []
+    hide = None  # the option whose value comes next
+    for arg in args:
+        if hide is not None:
+            out.append(HIDDEN if hide != "--data" else _data_value(arg))
+            hide = None
+            continue
+        name, eq, value = arg.partition("=")
+        if name in SECRET_OPTIONS:
+            out.append(f"{name}={HIDDEN}" if eq else arg)
+            hide = None if eq else name
+        elif name == "--data":
+            out.append(f"--data={_data_value(value)}" if eq else arg)
+            hide = None if eq else name
+        else:
+            out.append(arg)
+    return out
+
+
 def rerun_command(argv: list[str], hostname: str) -> str:
-    """The same pyinfra command line, limited to one host (earlier --limit dropped)."""
+    """The same pyinfra command line, limited to one host (earlier --limit dropped), with
+    secret option values hidden: type them again (or use pyinfra's prompts) to re-run."""
     args, skip = [], False
     for arg in argv[1:]:
         if skip:
@@ -30,7 +66,7 @@ def rerun_command(argv: list[str], hostname: str) -> str:
         if arg.startswith("--limit="):
             continue
         args.append(arg)
-    return shlex.join(["pyinfra", *args, "--limit", hostname])
+    return shlex.join(["pyinfra", *redact_argv(args), "--limit", hostname])
 
 
 def summary_lines(failed: dict[str, str], argv: list[str]) -> list[str]:

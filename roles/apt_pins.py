@@ -3,8 +3,10 @@
 Shared by roles/nvidia_driver.py, roles/cuda.py and roles/nccl.py:
 
 - `cuda_repo(cluster)` trusts the repo through NVIDIA's cuda-keyring package (downloaded from
-  the configured repo folder) and writes our own sources list under the keyring's file name,
-  so the configured URL (a mirror, in an air-gapped site) is the one apt uses.
+  the configured repo folder, installed only if its sha256 is the folder's pin in
+  sources.cuda_keyring, and re-checked on every run: `keyring`) and writes our own sources
+  list under the keyring's file name, so the configured URL (a mirror, in an air-gapped site)
+  is the one apt uses.
 - `pinned(pinset, repo)` checks the repo offers every pinned version (else stops the host
   naming what is missing), writes the apt preferences (files/apt_pins/preferences.j2: the
   pinned version at 1001, other NVIDIA builds at 100, anything else never), installs every
@@ -29,17 +31,29 @@ from pyinfra.operations import apt, files
 
 from deploy.cluster import Cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
-from deploy.pins import CUDA_KEYRING_DEB, CUDA_KEYRING_PACKAGE, CUDA_KEYRING_VERSION, PinSet
+from deploy.facts.keyring import KeptKeyring
+from deploy.pins import (
+    CUDA_KEYRING_DEB,
+    CUDA_KEYRING_FILE,
+    CUDA_KEYRING_PACKAGE,
+    CUDA_KEYRING_VERSION,
+    PinSet,
+)
 from roles.apt_pinsets import (
     missing_from_repo,
     not_at_pin,
     os_release,
     preferences_path,
     render_preferences,
+    repo_folder,
     sources_list,
     sources_list_path,
 )
-from roles.shared_ops import APT_LOCK_WAIT, fail, verified_deb
+from roles.shared_ops import APT_LOCK_WAIT, DPKG_KEEP_CONFIG, fail, fetch_verified
+
+# The verified keyring .deb stays on the node: each run compares the installed keyring with
+# it (and it with the pin) without downloading anything.
+KEPT_KEYRING = f"/var/lib/gpu-cluster/{CUDA_KEYRING_DEB}"
 
 # --- operations: pyinfra's apt.update cannot tell a stale cache, nor is there a hold op --------
 
@@ -91,6 +105,33 @@ def hold(packages: list):
     yield StringCommand("apt-mark hold " + " ".join(shlex.quote(p) for p in todo))
 
 
+@operation()
+def keyring(url: str, sha256: str | None, folder: str):
+    """NVIDIA's keyring from the .deb pinned in cluster.yaml, re-checked on every run: the kept
+    .deb must still have the pin's sha256 and the installed keyring file must be the one inside
+    it (an installed version says nothing of where its files came from). Otherwise the .deb is
+    fetched (nothing is installed unless its sha256 is the pin) and installed over whatever is
+    there."""
+    if sha256 is None:  # pins are per repo folder: this node's OS has none
+        yield fail(
+            f"sources.cuda_keyring has no sha256 for {folder}: pin that folder's "
+            f"{CUDA_KEYRING_DEB} in cluster.yaml (sha256sum FILE); nothing is trusted unpinned"
+        )
+        return
+    found = host.get_fact(
+        KeptKeyring, deb=KEPT_KEYRING, keyring=CUDA_KEYRING_FILE, package=CUDA_KEYRING_PACKAGE
+    )
+    if found == {"deb": sha256, "keyring": True, "version": CUDA_KEYRING_VERSION}:
+        host.noop(f"{CUDA_KEYRING_FILE} is the one in the pinned {CUDA_KEYRING_DEB}")
+        return
+    if found["deb"] != sha256:
+        yield fetch_verified(url, KEPT_KEYRING, artifact=CUDA_KEYRING_DEB, sha256=sha256)
+    yield StringCommand(
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y --reinstall --allow-downgrades {APT_LOCK_WAIT}"
+        f" {DPKG_KEEP_CONFIG} {shlex.quote(KEPT_KEYRING)}"
+    )
+
+
 # --- deploys -----------------------------------------------------------------------------------
 
 
@@ -105,15 +146,11 @@ def cuda_repo(cluster: Cluster) -> Repo:
     distribution = host.get_fact(LinuxDistribution)
     os_id, os_version = os_release(distribution)
     url = cluster.sources.cuda_repo_for(os_id, os_version)
-    verified_deb(
+    keyring(
         name=f"Trust the CUDA repository ({CUDA_KEYRING_DEB})",
-        package=CUDA_KEYRING_PACKAGE,
-        version=CUDA_KEYRING_VERSION,
         url=url + CUDA_KEYRING_DEB,
-        # NOT PINNED: cluster.yaml has no sha256 for cuda-keyring yet; it is trusted as the
-        # repo folder serves it (as NVIDIA's install guide does). Add a pin to the model.
-        sha256=None,
-        artifact=CUDA_KEYRING_DEB,
+        sha256=cluster.sources.cuda_keyring_sha256(os_id, os_version),
+        folder=repo_folder(os_id, os_version),
     )
     sources = files.put(
         name="CUDA repository sources list",

@@ -7,7 +7,8 @@ configure: /etc/determined/master.yaml (0600, from files/determined/master.yaml.
            conffile) instead of the package's default (port 8080, database host determined-db),
            so no start ever sees the default configuration.
 install:   determined-master <version> from sources.determined_master, sha256-verified;
-           skipped when that version is installed
+           skipped when that version is installed; when another version is, the database is
+           backed up into MinIO first (roles/pg_backup.py): the new master migrates its schema
 activate:  enabled and running; restarted only when its configuration changed and the package
            did not (an upgrade's postinst has already restarted it with the files in place);
            then waited for until GET /health answers 200 on master_port
@@ -19,6 +20,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
+from roles import pg_backup
 from roles.determined_common import CONFIG_DIR, install_determined
 from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
 from roles.templates import files_path, render
@@ -83,6 +85,7 @@ def apply(cluster: Cluster, node: Node) -> None:
     )
 
     # install
+    pg_backup.before_version_change(cluster)
     package = install_determined(cluster, "master")
 
     # activate

@@ -1,4 +1,6 @@
-"""/etc/hosts: every node by management name and `<hostname>-ib0`, no DNS needed.
+"""/etc/hosts: every node by management name and `<hostname>-<its IPoIB interface>` (like
+`gpu-node1-ib0`), no DNS needed. deploy/cluster/rules.py accepts that name in
+storage.endpoint_url.
 
 The agent resolves names once at start and fails with only 'Failed to resolve hostname'
 otherwise, so every node carries the whole map.
@@ -19,12 +21,11 @@ def ib_name(hostname: str, interface: str) -> str:
 
 
 def hosts_block(cluster: Cluster) -> str:
-    interface = cluster.network.ipoib.interface
     lines = []
     for n in cluster.nodes:
         lines.append(f"{n.address}\t{n.hostname}")
     for n in cluster.nodes:
-        lines.append(f"{n.ipoib_address}\t{ib_name(n.hostname, interface)}")
+        lines.append(f"{n.ipoib_address}\t{ib_name(n.hostname, n.ipoib_interface)}")
     return "\n".join(lines)
 
 

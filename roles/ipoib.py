@@ -1,67 +1,129 @@
-"""IPoIB: a static address on ib0, written the way the node's network stack expects."""
+"""IPoIB: a static address on the node's IPoIB interface, written the way its network stack
+expects: netplan where the node has netplan (Ubuntu's way), ifupdown otherwise.
+
+The interface is found by name (the node's `ipoib_interface`, else `network.ipoib.interface`),
+the way netplan and ifupdown match it. A match by driver would be ambiguous on GPU servers with
+one HCA per GPU pair (every port is ib_ipoib), and a port GUID changes with the card and must
+be collected per node anyway. A node without that interface fails here, naming the InfiniBand
+interfaces it does have, instead of passing until verify finds no address.
+"""
 
 from __future__ import annotations
 
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import deploy
-from pyinfra.facts.files import Directory, FindFiles
+from pyinfra.api import deploy, operation
 from pyinfra.operations import apt, files, server
+from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
-from deploy.facts.system import NetDevice
+from deploy.facts.system import ManagedFiles, NetDevice, NetLinkTypes, NetplanFeatures
+from roles.shared_ops import fail
+from roles.templates import render
+
+# include/uapi/linux/if_arp.h: the link type the IPoIB driver gives its interfaces.
+ARPHRD_INFINIBAND = 32
+NETPLAN_DIR = "/etc/netplan"
+IFUPDOWN_DIR = "/etc/network/interfaces.d"
+# The first line of every file this role writes (files/ipoib/*.j2).
+HEADER = "# Managed by gpu-cluster: IPoIB, static (no DHCP on the fabric)"
 
 
-def ifupdown_stanza(interface: str, cidr: str, mtu: int) -> str:
+def missing_message(node: Node, links: dict[str, int]) -> str:
+    """Why the node fails when its IPoIB interface does not exist."""
+    ib = sorted(name for name, kind in links.items() if kind == ARPHRD_INFINIBAND)
+    have = ", ".join(ib) if ib else "none (is the ib_ipoib module loaded? `lsmod | grep ib_ipoib`)"
     return (
-        f"# Managed by gpu-cluster: IPoIB, static (no DHCP on the fabric)\n"
-        f"auto {interface}\n"
-        f"iface {interface} inet static\n"
-        f"    address {cidr}\n"
-        f"    mtu {mtu}\n"
+        f"{node.hostname}: IPoIB interface {node.ipoib_interface} not found; InfiniBand "
+        f"interfaces on this node (/sys/class/net/*/type 32): {have}; name the right one in "
+        f"cluster.yaml as ipoib_interface of node {node.hostname}"
     )
 
 
-def netplan_doc(interface: str, cidr: str, mtu: int) -> str:
-    return (
-        "# Managed by gpu-cluster: IPoIB, static (no DHCP on the fabric)\n"
-        "network:\n"
-        "  version: 2\n"
-        "  ethernets:\n"
-        f"    {interface}:\n"
-        "      dhcp4: false\n"
-        f"      addresses: [{cidr}]\n"
-        f"      mtu: {mtu}\n"
-    )
+@operation()
+def interface_present(node: Node, links: dict[str, int]):
+    """Stop this host, saying what it has, unless its IPoIB interface exists."""
+    if node.ipoib_interface in links:
+        host.noop(f"{node.ipoib_interface} exists")
+        return
+    yield fail(missing_message(node, links))
 
 
-def uses_netplan() -> bool:
-    if not host.get_fact(Directory, path="/etc/netplan"):
-        return False
-    return bool(host.get_fact(FindFiles, path="/etc/netplan", quote_path=True))
+def ib_mode(cluster: Cluster, link_type: int | None, netplan_features: list[str] | None) -> str | None:
+    """The mode to write, or None to leave the kernel's: only an InfiniBand link has one (the
+    lab's stand-in is a veth), and only a netplan that knows `infiniband-mode` may be told."""
+    if link_type != ARPHRD_INFINIBAND:
+        return None
+    if netplan_features is not None and "infiniband" not in netplan_features:
+        return None
+    return cluster.network.ipoib.mode
+
+
+def netplan_doc(interface: str, cidr: str, mtu: int, mode: str | None) -> str:
+    return render("ipoib/netplan.yaml.j2", interface=interface, cidr=cidr, mtu=mtu, mode=mode)
+
+
+def ifupdown_stanza(interface: str, cidr: str, mtu: int, mode: str | None) -> str:
+    return render("ipoib/ifupdown.j2", interface=interface, cidr=cidr, mtu=mtu, mode=mode)
+
+
+def netplan_path(interface: str) -> str:
+    return f"{NETPLAN_DIR}/60-gpu-cluster-{interface}.yaml"
+
+
+def drop_stale(directory: str, keep: str) -> list:
+    """Remove this role's files for another interface (the node's port was renamed, or its
+    ipoib_interface corrected): a stale ifupdown stanza fails `ifup -a` at boot."""
+    found = host.get_fact(ManagedFiles, directory=directory, header=HEADER)
+    return [files.file(name=f"No stale {path}", path=path, present=False) for path in found if path != keep]
 
 
 @deploy("IPoIB")
 def apply(cluster: Cluster, node: Node) -> None:
     ib = cluster.network.ipoib
-    cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
-    current = host.get_fact(NetDevice, interface=ib.interface)
-    in_place = current["up"] and current["addresses"] == [cidr] and current["mtu"] == ib.mtu
-    # Known drift is an unconditional step (no _if), so a dry run shows it as a change.
-
-    if uses_netplan():
-        conf = files.put(
-            name=f"{ib.interface} in netplan",
-            src=StringIO(netplan_doc(ib.interface, cidr, ib.mtu)),
-            dest=f"/etc/netplan/60-gpu-cluster-{ib.interface}.yaml",
-            mode="600",
-        )
-        server.shell(
-            name="Apply netplan", commands=["netplan apply"], _if=[conf.did_change] if in_place else []
-        )
+    interface = node.ipoib_interface
+    links = host.get_fact(NetLinkTypes)
+    interface_present(name=f"IPoIB interface {interface} present", node=node, links=links)
+    if interface not in links:
         return
 
+    cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
+    current = host.get_fact(NetDevice, interface=interface)
+    in_place = current["up"] and current["addresses"] == [cidr] and current["mtu"] == ib.mtu
+    # Known drift is an unconditional step (no _if), so a dry run shows it as a change.
+    features = host.get_fact(NetplanFeatures)
+    if features is not None:
+        _netplan(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], features), in_place)
+    else:
+        _ifupdown(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], None), in_place)
+
+
+def _netplan(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
+    dest = netplan_path(interface)
+    stale = drop_stale(NETPLAN_DIR, dest)
+    # netplan warns that a world-readable file may hold secrets; 0600 is what it writes itself.
+    conf = files.put(
+        name=f"{interface} in netplan",
+        src=StringIO(netplan_doc(interface, cidr, mtu, mode)),
+        dest=dest,
+        mode="600",
+    )
+    # What `netplan apply` does for networkd, for this link alone: apply would also reconfigure
+    # every other networkd link (the management one this SSH session runs over) and re-trigger
+    # udev for all of them (`udevadm trigger` fails where /sys is read-only, as in a container).
+    # The file renames nothing, and networkd sets the MTU from the .network file itself.
+    server.shell(
+        name=f"Apply netplan to {interface}",
+        commands=[
+            "netplan generate && systemctl daemon-reload && systemctl start systemd-networkd.service "
+            f"&& networkctl reload && networkctl reconfigure {interface}"
+        ],
+        _if=[any_changed(conf, *stale)] if in_place else [],
+    )
+
+
+def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
     apt.packages(name="ifupdown", packages=["ifupdown"], update=True, cache_time=3600)
     files.line(
         name="interfaces sources interfaces.d",
@@ -69,17 +131,16 @@ def apply(cluster: Cluster, node: Node) -> None:
         line=r"^source /etc/network/interfaces.d/\*",
         replace="source /etc/network/interfaces.d/*",
     )
+    dest = f"{IFUPDOWN_DIR}/{interface}"
+    drop_stale(IFUPDOWN_DIR, dest)
     conf = files.put(
-        name=f"{ib.interface} in ifupdown",
-        src=StringIO(ifupdown_stanza(ib.interface, cidr, ib.mtu)),
-        dest=f"/etc/network/interfaces.d/{ib.interface}",
+        name=f"{interface} in ifupdown",
+        src=StringIO(ifupdown_stanza(interface, cidr, mtu, mode)),
+        dest=dest,
         mode="644",
     )
     server.shell(
-        name=f"Bring {ib.interface} up",
-        commands=[
-            f"ifdown --force {ib.interface} 2>/dev/null; ip addr flush dev {ib.interface}; "
-            f"ifup {ib.interface}"
-        ],
+        name=f"Bring {interface} up",
+        commands=[f"ifdown --force {interface} 2>/dev/null; ip addr flush dev {interface}; ifup {interface}"],
         _if=[conf.did_change] if in_place else [],
     )

@@ -2,7 +2,9 @@
 
 install:   the server binary from sources.minio, sha256-verified, as /usr/local/bin/minio
 configure: minio-user, the data directory (created, never emptied), /etc/default/minio
-           (0600: it holds the root credentials) and the official unit file
+           (0600: it holds the root credentials), the official unit file and a drop-in that
+           starts MinIO only with storage.data_dir mounted (unless storage.data_on_root_disk;
+           preflight refuses the node before that)
 activate:  enabled and running; restarted only when binary, settings or unit changed, then
            waited for until /minio/health/ready answers
 bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its location
@@ -10,6 +12,8 @@ bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its
 """
 
 from __future__ import annotations
+
+import io
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, deploy, operation
@@ -26,11 +30,12 @@ from roles.shared_ops import (
     verified_binary,
     wait_for_http,
 )
-from roles.templates import files_path
+from roles.templates import files_path, render
 
 BINARY = "/usr/local/bin/minio"
 ENV_FILE = "/etc/default/minio"
 UNIT = "/etc/systemd/system/minio.service"
+DATA_MOUNT_DROP_IN = "/etc/systemd/system/minio.service.d/10-data-mount.conf"
 USER = "minio-user"
 
 
@@ -49,6 +54,13 @@ def env_content(cluster: Cluster) -> str:
             # client, Determined's trial containers included, must sign for the same region.
             "MINIO_SITE_REGION": storage.region,
         },
+    )
+
+
+def data_mount_drop_in(cluster: Cluster) -> str:
+    storage = cluster.storage
+    return render(
+        "minio/10-data-mount.conf.j2", data_dir=storage.data_dir, on_root_disk=storage.data_on_root_disk
     )
 
 
@@ -125,8 +137,24 @@ def apply(cluster: Cluster, node: Node) -> None:
         mode="644",
     )
 
+    files.directory(
+        name="MinIO unit drop-in directory",
+        path=DATA_MOUNT_DROP_IN.rsplit("/", 1)[0],
+        user="root",
+        group="root",
+        mode="755",
+    )
+    mount = files.put(
+        name=f"MinIO starts only with {storage.data_dir} mounted",
+        src=io.StringIO(data_mount_drop_in(cluster)),
+        dest=DATA_MOUNT_DROP_IN,
+        user="root",
+        group="root",
+        mode="644",
+    )
+
     # activate
-    changed = any_changed(binary, env, unit)
+    changed = any_changed(binary, env, unit, mount)
     restart = systemd.service(
         name="Restart MinIO for its new binary or settings",
         service="minio.service",

@@ -4,11 +4,14 @@ skip:      when `ofed_info -s` already names the pinned release
 download:  shared_ops.fetch_verified: sha256-checked before it takes the tarball's name; a
            mismatch deletes the download and stops this host (pyinfra's files.download would
            leave the unverified file in place)
-install:   the packages mlnxofedinstall checks for (python3, lsof, pciutils, ethtool), then
-           files/mofed/install.sh: unpack, `./mlnxofedinstall --without-fw-update
-           --add-kernel-support --force`, its exit status explained, `/etc/init.d/openibd
-           restart`, then `ofed_info -s` must name the pinned release; the unpacked tree and the
-           tarball are removed after success
+install:   what the installer checks for and never installs itself (PREREQUISITES below),
+           the running kernel's headers (roles/kernel.py), then files/mofed/install.sh: unpack,
+           `./mlnxofedinstall --without-fw-update --add-kernel-support --force`, its exit
+           status explained, `/etc/init.d/openibd restart`, then `ofed_info -s` must name the
+           pinned release; the unpacked tree and the tarball are removed after success
+hold:      on every run, installed or not (the headers too): --add-kernel-support builds the modules for the
+           running kernel without DKMS, so that kernel is held and unattended-upgrades told to
+           leave it (roles/kernel.py); docs/operations.md says how to move to a new kernel
 """
 
 from __future__ import annotations
@@ -21,15 +24,55 @@ from pyinfra.facts.server import LinuxDistribution
 from deploy.cluster import Cluster, Node
 from deploy.facts.fabric import OfedRelease
 from deploy.pins import ofed_release
+from roles import kernel
 from roles.apt_pinsets import os_release
 from roles.scripts import script
 from roles.shared_ops import fetch_verified, packages
 
 WORK_DIR = "/var/cache/mlnx-ofed"
 OPENIBD = "/etc/init.d/openibd"
-# What mlnxofedinstall's "Checking SW Requirements" asks for on every distribution; without
-# them it stops with status 172 and an apt-get line to run.
-PREREQUISITES = ["python3", "lsof", "pciutils", "ethtool"]
+# What the installer checks for before it builds and installs, on Ubuntu (deb) systems:
+# - mlnxofedinstall's "Checking SW Requirements" (status 172 with an apt-get line):
+#   python3 lsof pciutils ethtool;
+# - mlnx_add_kernel_support.sh, which --add-kernel-support runs: `which apt-ftparchive` (the
+#   script names the package: "'apt-utils' is not installed!"; it is apt-utils, not dpkg-dev)
+#   and `which bzip2`, exit 1 when either is missing; lsb_release, by which it tells a deb
+#   system from an rpm one (without it it takes the rpm path and fails);
+# - the `install.pl --kernel-only --build-only --without-dkms --check-deps-only` it runs
+#   (MLNX_OFED_SRC-5.9-0.5.6.0/install.pl, the closest published to 5.8): @required_debs
+#   autotools-dev autoconf automake m4 debhelper chrpath swig graphviz libltdl-dev
+#   build-essential (its dpatch is left out: Debian and Ubuntu no longer ship it), libelf-dev
+#   for kernels built with ORC unwinding (Ubuntu's are), the kernel packages' build needs
+#   quilt make gcc pkg-config dh-autoreconf and their install needs kmod perl procps, and
+#   $kernel_sources/scripts, i.e. linux-headers-$(uname -r) (roles/kernel.py).
+PREREQUISITES = [
+    "python3",
+    "lsof",
+    "pciutils",
+    "ethtool",
+    "apt-utils",
+    "bzip2",
+    "lsb-release",
+    "autotools-dev",
+    "autoconf",
+    "automake",
+    "m4",
+    "debhelper",
+    "chrpath",
+    "swig",
+    "graphviz",
+    "libltdl-dev",
+    "build-essential",
+    "libelf-dev",
+    "quilt",
+    "make",
+    "gcc",
+    "pkg-config",
+    "dh-autoreconf",
+    "kmod",
+    "perl",
+    "procps",
+]
 
 
 def tarball_name(url: str) -> str:
@@ -73,8 +116,15 @@ def install(tarball: str, release: str, work_dir: str = WORK_DIR, openibd: str =
 @deploy("MLNX_OFED")
 def apply(cluster: Cluster, node: Node) -> None:
     release = ofed_release(cluster.versions.mofed)
+    running = kernel.running_release()
+    if not kernel.valid(running):
+        kernel.refuse(name="The running kernel has a release apt knows", release=running)
+        return
+    # Also where MLNX_OFED is in place: the held kernel keeps the build tree it was built with.
+    kernel.install_headers(running)
     if host.get_fact(OfedRelease) == release:
         host.noop(f"MLNX_OFED: ofed_info -s says {release}")
+        kernel.hold(running)
         return
     distribution = host.get_fact(LinuxDistribution)
     os_id, os_version = os_release(distribution)
@@ -89,3 +139,4 @@ def apply(cluster: Cluster, node: Node) -> None:
     )
     packages(PREREQUISITES, "MLNX_OFED prerequisites")
     install(name=f"Install {release} and restart openibd", tarball=tarball, release=release)
+    kernel.hold(running)

@@ -1,6 +1,8 @@
 """The NVIDIA driver on GPU nodes, from NVIDIA's CUDA apt repository, pinned and held.
 
-install:   cuda-drivers-<branch>=<version>-1 and the packages under it at their exact
+install:   linux-headers-$(uname -r) first (roles/kernel.py: nvidia-dkms-<branch>'s DKMS build
+           compiles against it and no driver package depends on it), then
+           cuda-drivers-<branch>=<version>-1 and the packages under it at their exact
            NVIDIA versions (deploy/pins.py), preferences + apt-mark hold (roles/apt_pins.py)
 configure: nouveau blacklisted; the initramfs rebuilt when that file changed (if the node
            has update-initramfs at all)
@@ -27,7 +29,7 @@ from pyinfra.operations import files, python, server
 
 from deploy.cluster import Cluster, Node
 from deploy.pins import driver_pins
-from roles import apt_pins
+from roles import apt_pins, kernel
 from roles.scripts import script
 from roles.templates import files_path
 
@@ -130,6 +132,12 @@ def _warn_reboot_pending(state, host):
 def apply(cluster: Cluster, node: Node) -> None:
     pinset = driver_pins(cluster.versions.nvidia_driver)
     packages = [p for p, _ in pinset.packages]
+
+    running = kernel.running_release()
+    if not kernel.valid(running):
+        kernel.refuse(name="The running kernel has a release apt knows", release=running)
+        return
+    kernel.install_headers(running)
 
     # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
     repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))

@@ -1,7 +1,9 @@
 """PostgreSQL for the Determined master, on the master node.
 
 install:   PostgreSQL >= 13: the distribution's own where it is new enough (Debian 12: 15,
-           Ubuntu 22.04: 14), else PGDG's (Ubuntu 20.04 ships 12, which Determined warns about)
+           Ubuntu 22.04: 14), else PGDG's 15 (Ubuntu 20.04 ships 12). For 20.04 that is PGDG's
+           archive host: focal-pgdg left apt.postgresql.org after focal's end of life (see
+           PGDG_ARCHIVED below and docs/operations.md)
 configure: conf.d/50-determined.conf (database.port, max_connections >= 96, listen on
            localhost only: the master is on the same node); restart only when it changed
 database:  Determined's role and database. The password never leaves the controller in clear:
@@ -47,6 +49,16 @@ DISTRIBUTION_MAJOR = {
 # Taken from PGDG when the distribution's is too old.
 PGDG_MAJOR = 15
 PGDG_URL = "https://apt.postgresql.org/pub/repos/apt"
+# PGDG moves a distribution's DIST-pgdg suite, same name and signing key, to its archive host
+# once the distribution is EOL (https://apt-archive.postgresql.org/: "Distribution releases are
+# moved here from apt.postgresql.org after they have been EOLed by Debian or Ubuntu"); since
+# mid-2025 apt.postgresql.org has no focal-pgdg (404), so `apt-get update` fails on that line.
+# The archived suite is frozen: the last PostgreSQL 15 build for focal, no later minor releases.
+# Chosen over Ubuntu 20.04's own PostgreSQL 12 because Determined 0.38 warns about 12 at every
+# start (master/internal/db/setup.go: checkPostgresVersion, "Postgres 12 will reach it's end of
+# life on November 14, 2024") and its 0.38 release notes ask for 13 or later.
+PGDG_ARCHIVE_URL = "https://apt-archive.postgresql.org/pub/repos/apt"
+PGDG_ARCHIVED = frozenset({"focal"})
 PGDG_KEY_URL = "https://www.postgresql.org/media/keys/ACCC4CF8.asc"
 PGDG_KEY_FINGERPRINT = "B97B0AFCAA1A47F044F244A07FCC7D46ACCC4CF8"
 PGDG_KEY = "/usr/share/postgresql-common/pgdg/apt.postgresql.org.asc"
@@ -61,6 +73,12 @@ def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
     if shipped is not None and shipped >= MIN_MAJOR:
         return shipped, False
     return PGDG_MAJOR, True
+
+
+def pgdg_source_line(codename: str) -> str:
+    """The sources.list line for PGDG's suite of `codename` (the archive host once it is EOL)."""
+    url = PGDG_ARCHIVE_URL if codename in PGDG_ARCHIVED else PGDG_URL
+    return f"deb [signed-by={PGDG_KEY}] {url} {codename}-pgdg main\n"
 
 
 def conf_content(port: int) -> str:
@@ -129,7 +147,7 @@ def _pgdg_source(codename: str) -> None:
     key = pgdg_key(name="PGDG signing key (fingerprint-checked)")
     source = files.put(
         name="PGDG apt source",
-        src=io.StringIO(f"deb [signed-by={PGDG_KEY}] {PGDG_URL} {codename}-pgdg main\n"),
+        src=io.StringIO(pgdg_source_line(codename)),
         dest=PGDG_LIST,
         mode="644",
     )

@@ -10,13 +10,13 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import KernelVersion, LinuxDistribution, Port
 
 from deploy.cluster import Cluster, Node
-from deploy.facts.system import DiskFreeGB
+from deploy.facts.system import DiskFreeGB, IsMountPoint, SecureBootState
 from roles.shared_ops import fail
 
 # The master's own service may hold its port on a re-deploy.
@@ -37,6 +37,38 @@ def os_problems(label: str, kernel: str, allowed: dict) -> list[str]:
     return []
 
 
+def certified_warning(kernel: str, certified: tuple[str, ...]) -> str | None:
+    """A kernel the allowed series accepts but the cluster was not certified on: warn only."""
+    if not certified or any(fnmatch.fnmatchcase(kernel, p) for p in certified):
+        return None
+    return (
+        f"kernel {kernel} is not a build this cluster was certified on "
+        f"({', '.join(certified)}): deploying anyway; re-run the checks you certified with "
+        "(verify, a test experiment), or list it in preflight.certified_kernels"
+    )
+
+
+# Why the driver and MLNX_OFED stop under Secure Boot, and the two ways out.
+SECURE_BOOT_WAYS_OUT = (
+    "the NVIDIA driver's and MLNX_OFED's modules are built on the node and unsigned, and the "
+    "kernel refuses them (modprobe: 'Key was rejected by service'): turn Secure Boot off in the "
+    "firmware setup, or enrol a Machine Owner Key that DKMS signs the modules with and set "
+    "preflight.secure_boot: signed_modules (docs/operations.md, 'Kernels and Secure Boot')"
+)
+
+
+def secure_boot_problem(state: str, said: str, policy: str) -> str | None:
+    if state == "enabled" and policy != "signed_modules":
+        return f"Secure Boot is on ({said}): {SECURE_BOOT_WAYS_OUT}"
+    return None
+
+
+def secure_boot_warning(state: str, said: str, policy: str) -> str | None:
+    if state == "unknown" and policy != "signed_modules":
+        return f"Secure Boot state unknown ({said}): if it is on, {SECURE_BOOT_WAYS_OUT}"
+    return None
+
+
 def cgroup_unit(lines: list[str] | None) -> str | None:
     """The systemd unit in a process's /proc/<pid>/cgroup lines, or None."""
     for line in lines or ():
@@ -54,6 +86,18 @@ def port_problem(port: int, holder: tuple, unit: str | None) -> str | None:
     return f"port {port} is already in use by {owner}: stop it or choose another master_port in cluster.yaml"
 
 
+def data_dir_problem(data_dir: str, is_mount_point: bool, on_root_disk: bool) -> str | None:
+    """MinIO on an unmounted data disk writes into the empty directory beneath it, on the root
+    disk: the deploy would then make an empty bucket there and verify would pass."""
+    if is_mount_point or on_root_disk:
+        return None
+    return (
+        f"storage.data_dir {data_dir} is not a mount point, so MinIO would keep its objects on "
+        f"the root disk: mount the data disk at {data_dir} (and list it in /etc/fstab), or set "
+        "storage.data_on_root_disk: true in cluster.yaml if the root disk is intended"
+    )
+
+
 @operation(is_idempotent=True)
 def checks(cluster: Cluster, node: Node):
     distribution = host.get_fact(LinuxDistribution)
@@ -62,12 +106,23 @@ def checks(cluster: Cluster, node: Node):
         host.get_fact(KernelVersion),
         dict(cluster.preflight.allowed_os),
     )
+    state, said = host.get_fact(SecureBootState)
+    problem = secure_boot_problem(state, said, cluster.preflight.secure_boot)
+    if problem:
+        problems.append(problem)
     free = host.get_fact(DiskFreeGB, path=cluster.preflight.disk_path)
     if free < cluster.preflight.min_free_disk_gb:
         problems.append(
             f"{cluster.preflight.disk_path} has {free:.1f} GB free, "
             f"needs {cluster.preflight.min_free_disk_gb} GB"
         )
+    if "storage" in node.roles:
+        data_dir = cluster.storage.data_dir
+        problem = data_dir_problem(
+            data_dir, host.get_fact(IsMountPoint, path=data_dir), cluster.storage.data_on_root_disk
+        )
+        if problem:
+            problems.append(problem)
     if "master" in node.roles:
         holder = host.get_fact(Port, port=cluster.master_port) or (None, None)
         pid = holder[1]
@@ -81,6 +136,23 @@ def checks(cluster: Cluster, node: Node):
     yield fail("; ".join(f"preflight failed on {node.hostname}: {p}" for p in problems))
 
 
+def warnings(cluster: Cluster) -> list[str]:
+    kernel = host.get_fact(KernelVersion)
+    allowed = dict(cluster.preflight.allowed_os)
+    distribution = host.get_fact(LinuxDistribution)
+    refused = os_problems(os_label(distribution), kernel, allowed)
+    state, said = host.get_fact(SecureBootState)
+    found = [
+        None if refused else certified_warning(kernel, cluster.preflight.certified_kernels),
+        secure_boot_warning(state, said, cluster.preflight.secure_boot),
+    ]
+    return [w for w in found if w]
+
+
 @deploy("Preflight")
 def apply(cluster: Cluster, node: Node) -> None:
-    checks(name="Check OS, kernel, disk and the master's port", cluster=cluster, node=node)
+    # pyinfra's logger at WARNING: printed without -v, in the deploy's own output, once per host
+    # while it plans; the deploy goes on.
+    for warning in warnings(cluster):
+        host.log_styled(f"warning: {warning}", fg="yellow", log_func=logger.warning)
+    checks(name="Check OS, kernel, Secure Boot, disks and the master's port", cluster=cluster, node=node)

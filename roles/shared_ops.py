@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import shlex
 
 from pyinfra import host
@@ -106,17 +107,19 @@ def fail(message: str) -> StringCommand:
 
 
 def fetch_verified(
-    url: str, dest: str, *, artifact: str, sha256: str | None, mode: str | None = None
+    url: str, dest: str, *, artifact: str, sha256: str, mode: str | None = None
 ) -> StringCommand:
     """The command that leaves at `dest` the file at `url` only if its sha256 is `sha256`.
 
     The file arrives as `dest`.part and is renamed into place once checked (root-owned with
     `mode` first, if given), so `dest` is either the verified file or untouched; a failed
     download or a mismatch deletes the partial file and stops the host with a message naming
-    `artifact` and `url`. `sha256=None` skips the check: only for an artifact the model has no
-    pin for yet (cuda-keyring); every other caller passes the pin from cluster.yaml.
+    `artifact` and `url`. Every caller passes a pin from cluster.yaml: there is no unpinned
+    download.
     """
-    args = [url, dest, artifact, sha256 or ""] + ([mode] if mode else [])
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", sha256 or ""):  # the model never lets one through
+        return fail(f"{artifact}: no sha256 pin for {url}: nothing is downloaded unpinned")
+    args = [url, dest, artifact, sha256] + ([mode] if mode else [])
     return script("shared_ops/fetch-verified.sh", *args)
 
 
@@ -130,10 +133,8 @@ def verified_binary(url: str, sha256: str, dest: str, artifact: str, mode: str =
 
 
 @operation()
-def verified_deb(package: str, version: str, url: str, sha256: str | None, artifact: str):
-    """Install `package` `version` from the .deb at `url` unless that version is installed.
-
-    `sha256` is None only for cuda-keyring (see fetch_verified)."""
+def verified_deb(package: str, version: str, url: str, sha256: str, artifact: str):
+    """Install `package` `version` from the .deb at `url` unless that version is installed."""
     if version in host.get_fact(DebPackages).get(package, ()):
         host.noop(f"{package} {version} is installed")
         return

@@ -360,6 +360,43 @@ def sha256(m: Map, key: str, artifact: str) -> str | None:
     return None
 
 
+NVIDIA_REPO_FOLDER = re.compile(r"(ubuntu|debian|rhel|sles)[0-9]{2,4}", re.ASCII)
+
+
+@check("`{<repo folder>: sha256}`, folders like `ubuntu2204`, `debian12`")
+def keyring_pins(r: Reader, path: str, v: Any) -> tuple[tuple[str, str], ...] | None:
+    """One pin per CUDA repo folder: NVIDIA's cuda-keyring .deb differs per folder (each
+    carries its folder's sources list)."""
+    if not isinstance(v, dict) or not v:
+        r.bad(
+            path,
+            v,
+            "must map repo folders to the sha256 of their cuda-keyring .deb, like {ubuntu2204: <sha256>}",
+        )
+        return None
+    pins = []
+    for folder, digest in v.items():
+        if not isinstance(folder, str) or not NVIDIA_REPO_FOLDER.fullmatch(folder):
+            r.bad(
+                path, folder, "keys must be NVIDIA's repo folder names, like ubuntu2004, ubuntu2204, debian12"
+            )
+        elif digest is None:
+            r.bad(
+                join(path, folder),
+                digest,
+                "not pinned: write the sha256 of that folder's cuda-keyring .deb here (`sha256sum FILE`)",
+            )
+        elif not (isinstance(digest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
+            r.bad(
+                join(path, folder),
+                digest,
+                "must be 64 hexadecimal characters (the output of `sha256sum FILE`)",
+            )
+        else:
+            pins.append((folder, digest.lower()))
+    return tuple(pins) if len(pins) == len(v) else None
+
+
 RESERVED_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "broadcasthost")
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
 
@@ -468,6 +505,16 @@ def allowed_os(r: Reader, path: str, v: Any) -> tuple[tuple[str, tuple[str, ...]
             continue
         pairs.append((name, tuple(patterns)))
     return tuple(pairs) if ok else None
+
+
+@check("list of fnmatch kernel patterns (`[]`: none)")
+def kernel_patterns(r: Reader, path: str, v: Any) -> tuple[str, ...] | None:
+    if not isinstance(v, list) or not all(
+        isinstance(p, str) and re.fullmatch(r"[A-Za-z0-9._+*?\[\]-]+", p) for p in v
+    ):
+        r.bad(path, v, "must be a list of kernel builds or patterns, like ['5.15.0-100-generic']")
+        return None
+    return tuple(v)
 
 
 def role_list(roles: tuple[str, ...]) -> Check[tuple[str, ...]]:

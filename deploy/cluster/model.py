@@ -30,6 +30,8 @@ AGENT_LAYOUTS = ("per_node", "per_domain")
 SLOT_TYPES = ("auto", "cuda", "gpu", "rocm", "cpu", "none")
 REBOOT_POLICIES = ("auto", "never")
 ARTIFACT_KINDS = ("master", "agent")
+SECURE_BOOT = ("refuse", "signed_modules")
+IPOIB_MODES = ("datagram", "connected")
 
 
 def _pinned(value: str, doc: str, pattern: str = r"\d+\.\d+\.\d+", rule: str = "`N.N.N`") -> Key:
@@ -63,18 +65,23 @@ class Ssh:
     ]
 
 
+# Linux caps interface names at 15 bytes (IFNAMSIZ 16); the characters are those a shell
+# word and a YAML key carry unquoted.
+INTERFACE_NAME = checks.matching(
+    r"[A-Za-z0-9_.-]{1,15}",
+    "a network interface name (1-15 characters)",
+    rule="interface name, 1-15 characters",
+)
+
+
 @dataclass(frozen=True)
 class IpoibNetwork:
     interface: Annotated[
         str,
         Key(
-            checks.matching(
-                r"[A-Za-z0-9_.-]{1,15}",
-                "a network interface name (1-15 characters)",
-                rule="interface name, 1-15 characters",
-            ),
+            INTERFACE_NAME,
             "ib0",
-            "the IPoIB interface on every node",
+            "the IPoIB interface; a node's `ipoib_interface` overrides it",
         ),
     ]
     subnet: Annotated[
@@ -85,7 +92,24 @@ class IpoibNetwork:
             "the IPoIB network; must not overlap `network.management`",
         ),
     ]
-    mtu: Annotated[int, Key(checks.integer(576, 65520), 2044, "2044 is IPoIB datagram mode")]
+    mtu: Annotated[
+        int,
+        Key(
+            checks.integer(576, 65520),
+            2044,
+            "2044 suits datagram mode on a 2K fabric; `datagram` allows up to 4092, `connected` 65520",
+        ),
+    ]
+    # The kernel's two IPoIB transports (Documentation/infiniband/ipoib.rst).
+    mode: Annotated[
+        str,
+        Key(
+            checks.choice(IPOIB_MODES),
+            "datagram",
+            "the IPoIB mode set on InfiniBand links; ConnectX-4 and later (enhanced IPoIB) "
+            "support `datagram` only",
+        ),
+    ]
 
 
 @dataclass(frozen=True)
@@ -103,13 +127,33 @@ class Network:
 
 @dataclass(frozen=True)
 class Preflight:
-    # ("Ubuntu 20.04", ("5.4.0-100-generic",)) pairs: a tuple keeps the model immutable.
+    # ("Ubuntu 20.04", ("5.4.0-*-generic",)) pairs: a tuple keeps the model immutable.
+    # The kernel series of each release's GA kernel, the one MLNX_OFED 5.8 and driver 515
+    # support there (docs/operations.md "Kernels"); the build is the operator's update.
     allowed_os: Annotated[
         tuple[tuple[str, tuple[str, ...]], ...],
         Key(
             checks.allowed_os,
-            (("Ubuntu 20.04", ("5.4.0-100-generic",)), ("Ubuntu 22.04", ("5.15.0-100-generic",))),
-            "the OS releases and kernels preflight accepts on a node",
+            (("Ubuntu 20.04", ("5.4.0-*-generic",)), ("Ubuntu 22.04", ("5.15.0-*-generic",))),
+            "the OS releases and kernel series preflight accepts on a node",
+        ),
+    ]
+    certified_kernels: Annotated[
+        tuple[str, ...],
+        Key(
+            checks.kernel_patterns,
+            ("5.4.0-100-generic", "5.15.0-100-generic"),
+            "the kernel builds the cluster was certified on: another allowed build only warns; "
+            "`[]` turns the warning off",
+        ),
+    ]
+    secure_boot: Annotated[
+        str,
+        Key(
+            checks.choice(SECURE_BOOT),
+            "refuse",
+            "`refuse` a node booted with Secure Boot on, or `signed_modules`: you enrolled a "
+            "Machine Owner Key that signs the DKMS modules (docs/operations.md)",
         ),
     ]
     min_free_disk_gb: Annotated[
@@ -146,6 +190,18 @@ class Sources:
             "(`ubuntu2004`, `ubuntu2204`, `debian12`)",
         ),
     ]
+    # NVIDIA's keyring .deb, the trust anchor of every package from cuda_repo: fetched from the
+    # repo folder like any artifact, so pinned like one (it differs per folder).
+    cuda_keyring: Annotated[
+        tuple[tuple[str, str], ...] | None,
+        Key(
+            checks.keyring_pins,
+            None,
+            "sha256 of `cuda-keyring_1.1-1_all.deb` in each `cuda_repo` folder the nodes use, "
+            "checked before it is installed and on every deploy; a node whose folder has no pin "
+            "stops before the CUDA repository is trusted",
+        ),
+    ]
     mofed_tarball: Annotated[
         Artifact,
         ArtifactKey(
@@ -165,6 +221,10 @@ class Sources:
     def cuda_repo_for(self, os_id: str, os_version: str) -> str:
         """NVIDIA names its repos ubuntu2004, ubuntu2204, debian12."""
         return self.cuda_repo.format(distro=os_id.lower() + os_version.replace(".", ""))
+
+    def cuda_keyring_sha256(self, os_id: str, os_version: str) -> str | None:
+        """The pin of the keyring .deb in the node's repo folder, None if cluster.yaml has none."""
+        return dict(self.cuda_keyring or ()).get(os_id.lower() + os_version.replace(".", ""))
 
     def mofed_url_for(self, os_id: str, os_version: str, mofed_version: str) -> str:
         """MLNX_OFED tarballs are named per distro as ubuntu20.04, ubuntu22.04, debian12."""
@@ -208,6 +268,16 @@ class Storage:
     port: Annotated[int, Key(checks.port, 9000, "MinIO's S3 API port")]
     console_port: Annotated[int, Key(checks.port, 9001, "MinIO's console port; not `storage.port`")]
     data_dir: Annotated[str, Key(checks.abs_path, "/mnt/data", "where MinIO keeps the objects; not `/`")]
+    data_on_root_disk: Annotated[
+        bool,
+        Key(
+            checks.boolean,
+            False,
+            "`true` lets MinIO keep its objects on the root disk; `false`: `data_dir` must be a "
+            "mount point (preflight refuses the storage node otherwise, and MinIO's unit will not "
+            "start without that mount)",
+        ),
+    ]
     endpoint_url: Annotated[
         str,
         Key(
@@ -241,9 +311,22 @@ class Database:
     name: Annotated[str, Key(_IDENTIFIER, "determined", "Determined's PostgreSQL database")]
     user: Annotated[str, Key(_IDENTIFIER, "determined", "Determined's PostgreSQL user")]
     port: Annotated[int, Key(checks.port, 5432, "PostgreSQL's port on the master host")]
+    backup_keep: Annotated[
+        int,
+        Key(
+            checks.integer(1, 3650),
+            14,
+            "how many nightly (and pre-upgrade) `pg_dump` backups stay in the bucket under "
+            "`backups/postgresql/`; older ones are deleted after each backup",
+        ),
+    ]
     password: Annotated[
         Secret,
-        SecretKey("the PostgreSQL password of the Determined user", "the PostgreSQL password of that user"),
+        SecretKey(
+            "the PostgreSQL password of the Determined user",
+            "the PostgreSQL password of that user; only letters, digits and "
+            "`-._~!$&'()*+,;=:@` (it goes unescaped into Determined's database URL)",
+        ),
     ]
 
 
@@ -299,6 +382,14 @@ class Node:
             "also against management addresses",
         ),
     ]
+    ipoib_interface: Annotated[
+        str,
+        Key(
+            INTERFACE_NAME,
+            Computed("`network.ipoib.interface`"),
+            "this node's IPoIB interface, where its name differs (like `ibp65s0`)",
+        ),
+    ]
     # The effective roles, in ROLES order: the declared ones plus master / storage for the
     # nodes named by master_host / storage.host.
     roles: Annotated[
@@ -321,6 +412,7 @@ class Node:
             "hostname": self.hostname,
             "address": str(self.address),
             "ipoib_address": str(self.ipoib_address),
+            "ipoib_interface": self.ipoib_interface,
             "roles": list(self.roles),
             "slots": self.slots,
             "agent_layout": self.agent_layout,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import string
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from deploy.cluster.keys import (
     specs,
 )
 from deploy.cluster.model import (
+    ARTIFACT_KINDS,
     ROLES,
     Artifact,
     Cluster,
@@ -103,8 +105,10 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     roleless: list[tuple[str, object]] = []
     nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless)
     storage = _storage(r, storage_map, storage_values)
-    _endpoint(r, storage_map, storage, nodes, network)
+    _endpoint(r, storage_map, storage, nodes)
     database = Database(**read(open_section(top, Cluster, "database"), Database))
+    _database_password(r, database)
+    _determined_tag(r, sources, determined)
 
     hostnames = [n.hostname for n in nodes or ()]
     # Only when every node parsed: a node with a broken hostname would make this a false alarm.
@@ -153,6 +157,15 @@ def _network(r: Reader, top: Map) -> Network:
             f"overlaps network.management ({management}): IPoIB needs a subnet of its own",
         )
         ib["subnet"] = None
+    # The kernel refuses a datagram-mode MTU above the IB link MTU (4096 at most) less the
+    # 4-byte IPoIB header; connected mode carries up to 65520 (Documentation/infiniband/ipoib.rst).
+    if ib["mode"] == "datagram" and ib["mtu"] is not None and ib["mtu"] > 4092:
+        r.bad(
+            "network.ipoib.mtu",
+            ib["mtu"],
+            "above 4092, the most IPoIB datagram mode carries (IB MTU 4096 less its 4-byte "
+            "header): set network.ipoib.mode: connected (up to 65520) or a smaller MTU",
+        )
     return Network(management=management, ipoib=IpoibNetwork(**ib))
 
 
@@ -200,7 +213,7 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
 SCHEME_PORTS = {"http": 80, "https": 443}
 
 
-def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | None, network: Network) -> None:
+def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | None) -> None:
     """A written endpoint_url must reach MinIO's S3 port on the storage node.
 
     Otherwise the deploy succeeds and the first checkpoint fails: another host, the console
@@ -219,8 +232,8 @@ def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | Non
         # The names and addresses of the storage node; <host>-<interface> is its IPoIB name
         # in every node's /etc/hosts (roles/hosts.py).
         names = [host, str(node.address), str(node.ipoib_address)]
-        if network.ipoib.interface is not None:
-            names.insert(1, f"{host}-{network.ipoib.interface}")
+        if node.ipoib_interface is not None:
+            names.insert(1, f"{host}-{node.ipoib_interface}")
         if url_host.rstrip(".").lower() not in [n.lower() for n in names]:
             r.bad(
                 key,
@@ -263,6 +276,46 @@ def _password_policy(value: str) -> list[str]:
     if not any(c.isdigit() for c in value):
         missing.append("a digit")
     return missing
+
+
+# What Determined's master can carry in its database URL. It builds
+# fmt.Sprintf("postgres://%s:%s@%s:%s/%s?...", user, password, ...) without escaping
+# (master/internal/db/setup.go, 0.38) and pgx/pgconn parses it with Go's net/url: `/`, `?` and
+# `#` end the user:password part, `%XX` is decoded into another password, and anything outside
+# RFC 3986's userinfo characters fails ("net/url: invalid userinfo"). These pass unchanged.
+DB_PASSWORD_CHARACTERS = string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@"
+
+
+def _database_password(r: Reader, database: Database) -> None:
+    secret = database.password
+    if secret is None or not secret.resolved:
+        return
+    if any(c not in DB_PASSWORD_CHARACTERS for c in secret.value):
+        r.add(
+            "database.password",
+            str(secret.reference),
+            "holds a character Determined's master cannot carry: it writes the password "
+            "unescaped into its postgres://user:password@host URL, where / ? # % and anything "
+            "but letters, digits and - . _ ~ ! $ & ' ( ) * + , ; = : @ break it; "
+            "generate one with `openssl rand -hex 24`",
+        )
+
+
+def _determined_tag(r: Reader, sources: Sources, determined: Determined) -> None:
+    """Determined tags its GitHub releases v<version> from 0.38 on (its release CI runs on tags
+    matching v\\d+.\\d+.\\d+; 0.37 and earlier were bare): a bare {version} tag is a 404."""
+    version = determined.version
+    if version is None or tuple(int(p) for p in version.split(".")[:2]) < (0, 38):
+        return
+    for kind in ARTIFACT_KINDS:
+        artifact = getattr(sources, f"determined_{kind}", None)
+        url = getattr(artifact, "url", None) or ""
+        if url.startswith("https://github.com/determined-ai/") and "/releases/download/{version}/" in url:
+            r.bad(
+                f"sources.determined_{kind}.url",
+                url,
+                f"Determined {version} is tagged v{version}: write /releases/download/v{{version}}/",
+            )
 
 
 def _determined(r: Reader, top: Map) -> Determined:
@@ -368,6 +421,8 @@ def _nodes(
             v["agent_layout"] = determined.agent_layout if layout is None else layout
         else:
             v["slots"] = v["agent_layout"] = None
+        if v["ipoib_interface"] is None:
+            v["ipoib_interface"] = network.ipoib.interface
         v["roles"] = tuple(role for role in ROLES if role in roles)
         nodes.append(Node(**v))
     return tuple(nodes)

@@ -1,7 +1,9 @@
 """The toolkit's own pyinfra facts: what the roles need that pyinfra 3.10 does not ship.
 
-system.py      disk space, a network interface, firewall dumps, a resolved path, a unit's state
+system.py      disk space, a network interface, link types, netplan's features, firewall dumps,
+               a resolved path, a unit's state
 apt.py         held packages, the versions apt's sources offer
+keyring.py     the installed CUDA keyring against the kept, verified .deb
 gpu.py         `nvidia-smi topo -m` and the GPUs' MIG modes (parsing: deploy/topology.py)
 fabric.py      the installed MLNX_OFED release, `ibstat` parsing
 determined.py  the per-domain Determined agents a node has

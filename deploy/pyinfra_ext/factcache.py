@@ -18,14 +18,20 @@ Two things here, both keyed on pyinfra's own fact classes and parsed by their ow
   (~/.cache/gpu-cluster/facts/); the next run reads all of them in ONE command per host, for
   every host at once, before the plan asks for the first. A no-op re-deploy then costs about
   one command per host instead of one per fact. A fact the batch could not read (non-zero exit,
-  a missing binary, output the fact cannot process) is simply read the usual way.
+  a missing binary, output the fact cannot process) is simply read the usual way. That file
+  is trusted only when this user alone can write it, and only for an allow-list of fact
+  classes and arguments (fact_class, safe_arguments): a planted entry must not run as root.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import logging
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -144,15 +150,100 @@ def wanted_entries(cls, args: tuple, kwargs: dict) -> list[str]:
     return [e for e in entries if e is not None]
 
 
-def fact_class(name: str):
-    module, _, qualname = name.partition(":")
+# The file names fact classes that the next run imports and runs as the deploy user (often
+# root): only pyinfra's and this toolkit's facts may be named, never one that runs a command
+# given as an argument (server.Command runs its argument as is), and every argument must be
+# plain data of a safe character set, since some facts put arguments into their shell command
+# unquoted. Anything else is left out: that fact is only read the usual way (slower).
+ALLOWED_FACT_MODULES = ("pyinfra.facts.", "deploy.facts.")
+FREE_COMMAND_FACTS = frozenset(
+    {"pyinfra.facts.server:Command", "pyinfra.facts.apt:SimulateOperationWillChange"}
+)
+FREE_COMMAND_PARAMETERS = frozenset({"command", "cmd", "commands", "script", "shell", "code"})
+# Extra command-line text a fact passes through (FindFiles' `args`): such an entry is refused
+# when it sets one, and allowed without (roles/ipoib.py reads FindFiles with a path only).
+FREE_TEXT_ARGUMENTS = frozenset({"args", "extra_args"})
+_SAFE_TEXT = re.compile(r"[A-Za-z0-9._/@:+=,*^-]*", re.ASCII)
+_PRINTABLE = re.compile(r"[ -~]*", re.ASCII)
+_AWK_TEXT = re.compile(r"(?:(?!['/\\])[ -~])*", re.ASCII)
+# Arguments pyinfra 3.10 puts on the command line safely, so they may hold any printable text
+# (read in pyinfra/facts/): FindInFile's pattern is QuoteString'd unless interpolate_variables
+# (then it sits in double quotes: refused below); Which is `command -v` + QuoteString(command),
+# a lookup that runs nothing; Block's markers go inside awk's '/.../' unquoted: no ', / or \.
+TEXT_ARGUMENTS = {
+    ("pyinfra.facts.files:FindInFile", "pattern"): _PRINTABLE,
+    ("pyinfra.facts.server:Which", "command"): _PRINTABLE,
+    ("pyinfra.facts.files:Block", "marker"): _AWK_TEXT,
+    ("pyinfra.facts.files:Block", "begin"): _AWK_TEXT,
+    ("pyinfra.facts.files:Block", "end"): _AWK_TEXT,
+}
+
+
+def takes_free_command(name: str, cls) -> bool:
+    """A fact whose command() takes a parameter named like a command line (but Which)."""
     try:
-        obj: Any = __import__(module, fromlist=["_"])
+        parameters = inspect.signature(cls.command).parameters
+    except (AttributeError, TypeError, ValueError):
+        return True
+    free = {p for p in FREE_COMMAND_PARAMETERS & set(parameters) if (name, p) not in TEXT_ARGUMENTS}
+    return bool(free)
+
+
+def safe_argument(value, rule: re.Pattern = _SAFE_TEXT) -> bool:
+    if value is None or isinstance(value, (bool, int)):
+        return True
+    if isinstance(value, str):
+        return rule.fullmatch(value) is not None
+    if isinstance(value, (list, tuple)):
+        return all(safe_argument(v, rule) for v in value)
+    return False
+
+
+def safe_arguments(name: str, args: list, kwargs: dict) -> bool:
+    """Plain data of a safe character set (or text where pyinfra quotes it), no free
+    command-line text, no global arguments (`_sudo`, ...: never written by wanted_entry)."""
+    if not safe_argument(args) or kwargs.get("interpolate_variables"):
+        return False
+    for key, value in kwargs.items():
+        if not isinstance(key, str) or key.startswith("_"):
+            return False
+        if key in FREE_TEXT_ARGUMENTS and value is not None:
+            return False
+        if not safe_argument(value, TEXT_ARGUMENTS.get((name, key), _SAFE_TEXT)):
+            return False
+    return True
+
+
+def fact_class(name: str):
+    """The fact class `module:qualname` names, if it is one the file may name, else None."""
+    if not isinstance(name, str) or name in FREE_COMMAND_FACTS:
+        return None
+    module, _, qualname = name.partition(":")
+    if not module.startswith(ALLOWED_FACT_MODULES) or not re.fullmatch(r"[A-Za-z_][\w.]*", module + qualname):
+        return None
+    try:
+        obj: Any = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
         return None  # a fact renamed since the last run
-    return obj if cacheable(obj) else None
+    if not cacheable(obj) or takes_free_command(name, obj):
+        return None
+    return obj
+
+
+def trusted_file(path: Path) -> bool:
+    """The file and its directory belong to this user and nobody else may write them: another
+    user able to plant an entry would choose what the next deploy runs."""
+    try:
+        for item in (path.parent, path):
+            st = item.lstat()
+            if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                logger.debug("not reading %s: %s is not this user's alone", path, item)
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def record_path(host) -> Path:
@@ -162,15 +253,28 @@ def record_path(host) -> Path:
 
 
 def load_wanted(host) -> list[tuple]:
+    path = record_path(host)
+    if not trusted_file(path):
+        return []
     try:
-        entries = json.loads(record_path(host).read_text())
+        entries = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
+    if not isinstance(entries, list):
+        return []
     wanted = []
-    for name, args, kwargs in entries:
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            continue
+        name, args, kwargs = entry
         cls = fact_class(name)
-        if cls is not None:
-            wanted.append((cls, tuple(args), kwargs))
+        if cls is None or not isinstance(args, list) or not isinstance(kwargs, dict):
+            logger.debug("%s: %s names a fact it may not: %s", host.name, path, str(name)[:80])
+            continue
+        if not safe_arguments(name, args, kwargs):
+            logger.debug("%s: %s: unsafe arguments for %s", host.name, path, name)
+            continue
+        wanted.append((cls, tuple(args), kwargs))
     return wanted
 
 
@@ -179,9 +283,16 @@ def save_wanted(host) -> None:
     if not entries:
         return
     path = record_path(host)
+    text = json.dumps([json.loads(e) for e in sorted(entries)]) + "\n"
+    part = path.with_name(path.name + ".part")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([json.loads(e) for e in sorted(entries)]) + "\n")
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        part.unlink(missing_ok=True)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(part, path)
     except OSError as e:  # a read-only home: the next run is only slower
         logger.debug("not saving the facts wanted by %s: %s", host.name, e)
 

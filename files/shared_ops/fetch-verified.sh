@@ -1,12 +1,16 @@
 # fetch-verified.sh URL DEST ARTIFACT SHA256 [MODE]
 # Leaves at DEST the file at URL only if its sha256 is SHA256; ARTIFACT names it in messages.
-# An empty SHA256 skips the check (one caller only, whose artifact has no pin yet). With MODE,
-# the file is root-owned with that mode before it takes DEST's name.
+# SHA256 is required: there is no unpinned download. With MODE, the file is root-owned with
+# that mode before it takes DEST's name.
 # The download goes to DEST.part and is renamed into place (same directory, so atomic): DEST
 # is the verified file or untouched. Any failure deletes DEST.part and exits 1 with a message.
 url=$1 dest=$2 artifact=$3 mode=${5:-}
 sha256=$(printf %s "$4" | tr A-F a-f)
 part="$dest.part"
+case $sha256 in
+    *[!0-9a-f]*|'') echo "$artifact: no sha256 pin for $url: nothing was downloaded" >&2; exit 1 ;;
+esac
+[ ${#sha256} -eq 64 ] || { echo "$artifact: the sha256 pin is not 64 hex digits" >&2; exit 1; }
 mkdir -p "$(dirname "$dest")" && rm -f "$part" || exit 1
 # A minimal image may have neither curl nor wget before its first package install.
 if command -v curl >/dev/null 2>&1; then
@@ -18,14 +22,12 @@ else
 shutil.copyfileobj(urllib.request.urlopen(sys.argv[1], timeout=120), open(sys.argv[2], "wb"))' \
         "$url" "$part"
 fi || { rm -f "$part"; echo "$artifact: download failed from $url" >&2; exit 1; }
-if [ -n "$sha256" ]; then
-    actual=$(sha256sum "$part" | cut -d' ' -f1)
-    if [ "$actual" != "$sha256" ]; then
-        rm -f "$part"
-        echo "$artifact: sha256 mismatch for $url: expected $sha256, got $actual;" \
-            "the download was deleted, nothing was installed" >&2
-        exit 1
-    fi
+actual=$(sha256sum "$part" | cut -d' ' -f1)
+if [ "$actual" != "$sha256" ]; then
+    rm -f "$part"
+    echo "$artifact: sha256 mismatch for $url: expected $sha256, got $actual;" \
+        "the download was deleted, nothing was installed" >&2
+    exit 1
 fi
 if [ -n "$mode" ]; then
     chown root:root "$part" && chmod "$mode" "$part" || { rm -f "$part"; exit 1; }

@@ -1,11 +1,14 @@
-"""What the lab pretends each node's hardware is (GPU topology), from a sidecar file.
+"""What the lab pretends each node's hardware and installed system are, from a sidecar file.
 
 `<cluster dir>/lab-hardware.yaml` sits next to the lab's cluster.yaml; the deploy never reads
 it (only cluster.yaml differs between lab and production). The lab writes each node's
 topology to /etc/dtlab/gpu-topology.json before boot, where the nvidia-smi stand-in reads it.
+`network: netplan` makes a node what an Ubuntu server is as installed: netplan.io (Debian's
+real package) in its root filesystem before its first boot (tests/lab/nodes.py preinstall).
 
     nodes:
       lab-gpu2: {gpu_topology: a100-nvswitch-8}
+      lab-gpu3: {network: netplan}
 """
 
 import json
@@ -57,14 +60,39 @@ PRESETS = {
 }
 
 
-def node_files(cluster_path: Path) -> dict[str, dict[str, str]]:
-    """hostname -> {relative path under /etc/dtlab: content} for the nodes the sidecar names."""
+# What a node's network stack is as installed: the packages the lab puts into its root.
+NETWORK_STACKS = {"ifupdown": (), "netplan": ("udev", "netplan.io")}
+
+
+def _sidecar(cluster_path: Path) -> tuple[Path, dict]:
     sidecar = Path(cluster_path).with_name("lab-hardware.yaml")
     if not sidecar.exists():
-        return {}
+        return sidecar, {}
     raw = yaml.safe_load(sidecar.read_text()) or {}
+    return sidecar, raw.get("nodes") or {}
+
+
+def node_packages(cluster_path: Path) -> dict[str, tuple[str, ...]]:
+    """hostname -> Debian packages its root filesystem has before the first boot."""
+    sidecar, nodes = _sidecar(cluster_path)
+    packages = {}
+    for hostname, spec in nodes.items():
+        stack = spec.get("network", "ifupdown")
+        if stack not in NETWORK_STACKS:
+            raise ValueError(
+                f"{sidecar}: nodes.{hostname}.network: {stack!r}: not one of {', '.join(NETWORK_STACKS)}"
+            )
+        packages[hostname] = NETWORK_STACKS[stack]
+    return packages
+
+
+def node_files(cluster_path: Path) -> dict[str, dict[str, str]]:
+    """hostname -> {relative path under /etc/dtlab: content} for the nodes the sidecar names."""
+    sidecar, nodes = _sidecar(cluster_path)
     files = {}
-    for hostname, spec in (raw.get("nodes") or {}).items():
+    for hostname, spec in nodes.items():
+        if "gpu_topology" not in spec:
+            continue
         preset = spec.get("gpu_topology")
         if preset not in PRESETS:
             raise ValueError(

@@ -8,6 +8,7 @@ from . import hardware, network, nodes, pins, rootfs, services
 from .paths import DISKS, MIRROR_PORT, NODES
 from .shell import LabError, run
 from .spec import LabNode, LabSpec, ensure_secrets, load_spec
+from .standins import mokutil
 
 NEEDED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen")
 
@@ -90,6 +91,9 @@ def up(cluster_path: Path, log=print) -> LabSpec:
             rootfs.mount_node(node)
             rootfs.seed_node(node, public_key, lab_files(cluster_path, node))
             nodes.start(spec, node)
+        if rootfs.is_mounted(node.root):  # also on running nodes: their root is mounted here
+            mokutil.install(node.root)
+        rootfs.seed_kernel_archive(node, f"http://10.77.0.1:{MIRROR_PORT}")
     for node in spec.nodes:
         state = nodes.wait_ready(spec, node)
         log(f"{node.hostname}: {state} at {node.address}")
@@ -130,6 +134,8 @@ def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False, log=pr
     network.ensure_node_network(spec, node)
     rootfs.mount_node(node)
     rootfs.seed_node(node, Path(f"{spec.ssh_key}.pub").read_text(), lab_files(cluster_path, node))
+    mokutil.install(node.root)
+    rootfs.seed_kernel_archive(node, f"http://10.77.0.1:{MIRROR_PORT}")
     nodes.start(spec, node)
     log(f"{hostname}: {nodes.wait_ready(spec, node)} with a blank root filesystem")
 

@@ -4,7 +4,11 @@ Layout under mirror_dir (docs/architecture.md):
   cuda/repos/<distro>/x86_64/   flat apt repo signed by the lab key, for debian12, ubuntu2004
                                 and ubuntu2204 (cuda-keyring_1.1-1_all.deb differs per folder)
   mofed/MLNX_OFED_LINUX-5.8-3.0.7.0-<distro>-x86_64.tgz
-  minio/minio, determined/...   from the MinIO and Determined builders, when present
+  kernel/                       flat apt repo: linux-headers-<the controller's uname -r>, which
+                                the lab adds to every node's apt sources before boot
+  minio/minio                   from the MinIO builder, when present
+  determined-ai/determined/releases/download/v<version>/determined-{master,agent}_<version>_linux_amd64.deb
+                                from the Determined builder: GitHub's release path, tag v<version>
   artifacts.sha256              sha256 of every artifact fetched outside apt (cluster.yaml pins)
 
 Builders are callables `(ctx) -> None`; ctx carries mirror_dir, base_url, work_dir, build_deb,
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +67,8 @@ class BuildContext:
     keyring: bytes
     cuda_pool: Path
     cuda_distros: tuple[str, ...] = CUDA_DISTROS
+    # Other flat repos a builder filled: (folder, Origin, Label), signed with the lab key.
+    flat_repos: list[tuple[Path, str, str]] = field(default_factory=list)
     build_deb: Callable[..., Path] = field(default=debs.build_deb)
     build_tgz: Callable[..., Path] = field(default=debs.build_tgz)
 
@@ -73,11 +80,12 @@ class BuildContext:
 
 def core_builders() -> list[Callable]:
     from tests.lab.standins.cuda import build as cuda
+    from tests.lab.standins.kernel import build as kernel
     from tests.lab.standins.mofed import build as mofed
     from tests.lab.standins.nccl import build as nccl
     from tests.lab.standins.nvidia import build as nvidia
 
-    return [nvidia.build, cuda.build, nccl.build, mofed.build]
+    return [nvidia.build, cuda.build, nccl.build, mofed.build, kernel.build]
 
 
 def optional_builders() -> list[Callable]:
@@ -125,6 +133,7 @@ def source_hash(base_url: str, fingerprint: str) -> str:
         h.update(path.read_bytes() + b"\0")
     h.update(f"base_url={base_url}\0key={fingerprint}\0".encode())
     h.update(_tool_version(["gcc", "--version"]).encode())
+    h.update(f"kernel={os.uname().release}\0".encode())  # the headers stand-in is for it
     return h.hexdigest()
 
 
@@ -139,6 +148,8 @@ def non_apt_artifacts(mirror_dir: Path) -> list[Path]:
             continue
         if rel.parts[0] == "cuda" and not rel.name.startswith("cuda-keyring_"):
             continue  # apt verifies these through the signed Release
+        if rel.parts[0] == "kernel":
+            continue  # the same: the lab's kernel-headers repo, set up before boot
         out.append(path)
     return out
 
@@ -207,6 +218,8 @@ def build_mirror(
                 for deb in pool:
                     shutil.copyfile(deb, repo / deb.name)
                 aptrepo.build_flat_repo(repo, gpg_home, CUDA_ORIGIN, CUDA_LABEL)
+            for repo, origin, label in ctx.flat_repos:
+                aptrepo.build_flat_repo(repo, gpg_home, origin, label)
         sums = write_sums(staging)
         (staging / HASH_FILE).write_text(digest + "\n")
     except BaseException:

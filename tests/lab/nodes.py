@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .network import netns_path
-from .paths import LOGS, REPO
+from .paths import APT_PROXY_PORT, LOGS, REPO
 from .shell import LabError
 from .spec import LabNode, LabSpec
 
@@ -171,3 +171,25 @@ def console_argv(node: LabNode, *command: str) -> list[str]:
     if pid is None:
         raise LabError(f"{node.hostname}: not running")
     return ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--", *command]
+
+
+def preinstall(node: LabNode) -> list[str]:
+    """Install the node's as-delivered packages (LabNode.packages) into its root filesystem
+    before it boots, from Debian's archive through the lab's apt-cacher-ng; returns those it
+    had to install. A package already unpacked there is left alone."""
+    missing = [p for p in node.packages if not (node.root / f"var/lib/dpkg/info/{p}.list").exists()]
+    if not missing:
+        return []
+    proxy = f"Acquire::http::Proxy=http://127.0.0.1:{APT_PROXY_PORT}"
+    # A container of its own (not chroot): apt and the maintainer scripts see /proc and /dev.
+    nspawn = ["systemd-nspawn", "-q", "--register=no", "--keep-unit", "-M", f"{node.hostname}-setup"]
+    nspawn += ["-D", str(node.root), "-E", "DEBIAN_FRONTEND=noninteractive"]
+    for command in (
+        ["apt-get", "-q", "-o", proxy, "update"],
+        ["apt-get", "-q", "-y", "-o", proxy, "install", "--no-install-recommends", *missing],
+        ["apt-get", "clean"],
+    ):
+        proc = subprocess.run([*nspawn, *command], capture_output=True, text=True, timeout=900, check=False)
+        if proc.returncode != 0:
+            raise LabError(f"{node.hostname}: {' '.join(command)}: {(proc.stderr or proc.stdout)[-2000:]}")
+    return missing

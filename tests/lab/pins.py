@@ -12,11 +12,15 @@ from pathlib import Path
 import yaml
 
 from deploy.cluster import DEFAULT_DETERMINED_VERSION, DEFAULT_VERSIONS
+from deploy.pins import CUDA_KEYRING_DEB
 
 from .paths import DEFAULT_CLUSTER, MIRROR
 
 LAB_DISTRO = "debian12"  # lab nodes are Debian 12
 PINNED = ("mofed_tarball", "minio", "determined_master", "determined_agent")
+# sources.cuda_keyring.<LAB_DISTRO>: the keyring .deb in the lab's CUDA repo folder (its key is
+# committed, tests/lab/aptrepo.py, so the .deb is the same on every build).
+KEYRING = "cuda_keyring"
 
 
 def mirror_paths(cluster_path: Path) -> dict[str, str]:
@@ -30,6 +34,8 @@ def mirror_paths(cluster_path: Path) -> dict[str, str]:
         version = det_version if name.startswith("determined") else versions["mofed"]
         url = url.format(version=version, distro=LAB_DISTRO)
         paths[name] = re.sub(r"^https?://[^/]+/", "", url)
+    repo = raw["sources"]["cuda_repo"].format(distro=LAB_DISTRO) + CUDA_KEYRING_DEB
+    paths[KEYRING] = re.sub(r"^https?://[^/]+/", "", repo)
     return paths
 
 
@@ -51,16 +57,17 @@ def stale(cluster_path: Path, mirror_dir: Path = MIRROR) -> list[str]:
     return [
         name
         for name, digest in expected_pins(cluster_path, mirror_dir).items()
-        if raw[name].get("sha256") != digest
+        if (raw[name].get(LAB_DISTRO) if name == KEYRING else raw[name].get("sha256")) != digest
     ]
 
 
 def rewrite(text: str, pins: dict[str, str]) -> str:
     for name, digest in pins.items():
-        pattern = re.compile(rf"(\n  {name}:\n(?:    .*\n)*?    sha256: )([^\n]*)")
+        field = LAB_DISTRO if name == KEYRING else "sha256"
+        pattern = re.compile(rf"(\n  {name}:\n(?:    .*\n)*?    {field}: )([^\n]*)")
         text, n = pattern.subn(lambda m, d=digest: m.group(1) + d, text, count=1)
         if n != 1:
-            raise ValueError(f"sources.{name}.sha256 not found")
+            raise ValueError(f"sources.{name}.{field} not found")
     return text
 
 

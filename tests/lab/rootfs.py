@@ -4,6 +4,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .paths import BASE_ROOTFS
 from .shell import LabError, run
@@ -12,6 +13,32 @@ from .spec import LabNode
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # What a freshly installed bare server has; everything else is the deploy's job.
 BASE_PACKAGES = "systemd,systemd-sysv,dbus,openssh-server,iproute2,python3,sudo,ca-certificates"
+
+
+def debootstrap(target: Path, attempts: int = 2, log=print) -> None:
+    """debootstrap bookworm into `target`, once more after a failure.
+
+    The archive (or the cache in front of it) can answer with a partial index: debootstrap
+    then reports "Couldn't find these debs" for every package and exits 1, and the same run
+    a moment later succeeds. A second failure is reported as it is.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            run(
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={BASE_PACKAGES}",
+                "bookworm",
+                target,
+                DEBIAN_MIRROR,
+                timeout=1800,
+            )
+            return
+        except LabError as exc:
+            if attempt == attempts:
+                raise
+            log(f"debootstrap failed (attempt {attempt} of {attempts}), trying again: {exc}")
+            shutil.rmtree(target, ignore_errors=True)
 
 
 def ensure_base() -> bool:
@@ -23,15 +50,7 @@ def ensure_base() -> bool:
     tmp = BASE_ROOTFS.with_name(BASE_ROOTFS.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # a half-built base from an interrupted run
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    run(
-        "debootstrap",
-        "--variant=minbase",
-        f"--include={BASE_PACKAGES}",
-        "bookworm",
-        tmp,
-        DEBIAN_MIRROR,
-        timeout=1800,
-    )
+    debootstrap(tmp)
     # Every node gets its own identity; none may inherit the base's.
     for key in (tmp / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
@@ -88,3 +107,34 @@ def seed_node(node: LabNode, public_key: str, lab_files: dict[str, str]) -> None
     _write(ssh_dir / "authorized_keys", public_key, 0o600)
     for rel, text in lab_files.items():
         _write(root / "etc/dtlab" / rel, text)
+    # What the server has as delivered beyond the base (lab-hardware.yaml: `network: netplan`).
+    from .nodes import preinstall
+
+    preinstall(node)
+
+
+def seed_kernel_archive(node: LabNode, base_url: str) -> None:
+    """Point the node's apt at the mirror's `kernel/` repo (linux-headers-<uname -r>).
+
+    What a real node has before the deploy: an archive (Ubuntu's) that carries the headers of
+    the kernel it runs. The lab nodes run the controller's kernel, so the lab serves its
+    headers package itself (tests/lab/standins/kernel/build.py). Written into running nodes
+    too: the files are plain apt configuration, read at the next `apt-get update`.
+    """
+    from .paths import MIRROR
+    from .standins.kernel.build import KEYRING, REPO
+
+    keyring = MIRROR / REPO / KEYRING
+    if not keyring.exists():
+        raise LabError(f"{keyring} is missing: the lab mirror was not built")
+    target = node.root / "usr/share/keyrings" / KEYRING
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(keyring.read_bytes())
+    os.chmod(target, 0o644)
+    _write(
+        node.root / "etc/apt/sources.list.d/dtlab-kernel.list",
+        f"deb [signed-by=/usr/share/keyrings/{KEYRING}] {base_url.rstrip('/')}/{REPO}/ /\n",
+    )
+    # Reached directly, also by an apt run told to use the lab's apt-cacher-ng (before boot).
+    host = urlsplit(base_url).hostname
+    _write(node.root / "etc/apt/apt.conf.d/50dtlab-kernel", f'Acquire::http::Proxy::{host} "DIRECT";\n')

@@ -24,6 +24,8 @@ class LabNode:
     ipoib_address: ipaddress.IPv4Address
     prefixlen: int
     is_storage: bool
+    # Debian packages the node has as installed (lab-hardware.yaml `network: netplan`).
+    packages: tuple[str, ...] = ()
 
     @property
     def netns(self) -> str:
@@ -118,7 +120,10 @@ def ensure_secrets(cluster_path: Path) -> list[Path]:
 def load_spec(cluster_path: Path) -> LabSpec:
     from deploy.cluster import load_cluster
 
+    from .hardware import node_packages
+
     cluster = load_cluster(cluster_path)
+    packages = node_packages(cluster_path)
     nodes = tuple(
         LabNode(
             hostname=n.hostname,
@@ -126,6 +131,7 @@ def load_spec(cluster_path: Path) -> LabSpec:
             ipoib_address=n.ipoib_address,
             prefixlen=cluster.network.management.prefixlen,
             is_storage=n.hostname == cluster.storage_node.hostname,
+            packages=packages.get(n.hostname, ()),
         )
         for n in cluster.nodes
     )

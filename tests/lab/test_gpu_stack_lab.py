@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from deploy.pins import driver_pins, ofed_release
-from roles import mofed
+from roles import kernel, mofed
 from roles.apt_pins import sources_list, sources_list_path
 
 from .paths import LOGS
@@ -157,3 +157,50 @@ def test_wrong_ofed_sha_stops_that_host_only(deployed, deploy, lab, lab_ssh, wro
         restored = deploy()
     assert restored.returncode == 0, restored.stderr[-4000:]
     assert lab_ssh(node, "ofed_info -s").stdout.strip() == ofed_release(lab.versions.mofed) + ":"
+
+
+def test_ofed_installer_refuses_without_prerequisites_until_the_role_installs_them(deploy, lab, lab_ssh):
+    """The stand-in stops where mlnx_add_kernel_support.sh stops; the deploy gets it through.
+
+    One node, deployed on its own (--limit): MLNX_OFED and the kernel hold are per node."""
+    node = lab.nodes[0].hostname
+    assert lab_ssh(node, "ofed_info -s").stdout.strip() == ofed_release(lab.versions.mofed) + ":"
+    release = lab_ssh(node, "uname -r").stdout.strip()
+    headers = kernel.headers_package(release)
+    os_id, os_version = lab_ssh(node, ". /etc/os-release; echo $ID $VERSION_ID").stdout.split()
+    url = lab.sources.mofed_url_for(os_id, os_version, lab.versions.mofed)
+    top = mofed.unpacked_dir(mofed.tarball_name(url))
+    fetch = "import urllib.request, sys; urllib.request.urlretrieve(sys.argv[1], '/tmp/ofed.tgz')"
+    setup = "; ".join(
+        [
+            "set -e",
+            "/usr/sbin/ofed_uninstall.sh --force >/dev/null",
+            f"apt-mark unhold {headers} >/dev/null",
+            f"DEBIAN_FRONTEND=noninteractive apt-get purge -y -q {headers} apt-utils quilt >/dev/null",
+            f"python3 -c {shlex.quote(fetch)} {shlex.quote(url)}",
+            "rm -rf /tmp/ofed && mkdir /tmp/ofed && tar -xzf /tmp/ofed.tgz -C /tmp/ofed",
+        ]
+    )
+    lab_ssh(node, f"sh -c {shlex.quote(setup)}", timeout=600)
+    try:
+        refused = lab_ssh(
+            node,
+            f"cd /tmp/ofed/{top} && ./mlnxofedinstall --without-fw-update --add-kernel-support --force",
+            check=False,
+            timeout=300,
+        )
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "ERROR: 'apt-utils' is not installed!" in refused.stdout
+        assert f"/lib/modules/{release}/build/scripts is required for the Installation." in refused.stdout
+        wanted = next(line for line in refused.stdout.splitlines() if line.startswith("apt-get install "))
+        assert set(wanted.split()[2:]) == {"quilt", headers}, wanted
+        assert f"Failed to build MLNX_OFED_LINUX for {release}" in refused.stderr
+        assert lab_ssh(node, "ofed_info -s", check=False).returncode != 0
+    finally:
+        lab_ssh(node, "rm -rf /tmp/ofed /tmp/ofed.tgz", check=False)
+        run = deploy(limit=node)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert lab_ssh(node, "ofed_info -s").stdout.strip() == ofed_release(lab.versions.mofed) + ":"
+    assert headers in lab_ssh(node, "apt-mark showhold").stdout.split()
+    blacklist = lab_ssh(node, "apt-config dump Unattended-Upgrade::Package-Blacklist").stdout
+    assert f'"{kernel.uu_blacklist_entries(release)[1]}"' in blacklist

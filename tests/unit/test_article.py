@@ -25,7 +25,7 @@ ENV = {
 
 def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "cluster.yaml"
-    path.write_text(PROD.read_text().replace("sha256: null", f"sha256: {PIN}") + extra)
+    path.write_text(PROD.read_text().replace(": null   # operator: pin it", f": {PIN}") + extra)
     return path
 
 
@@ -91,5 +91,5 @@ def test_command_on_a_broken_file(tmp_path, capsys):
     path.write_text(PROD.read_text())  # sha256 not pinned
     assert main([str(path)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 4 and all(": not pinned: " in line for line in err)
+    assert len(err) == 6 and all(": not pinned: " in line for line in err)  # 2 keyrings, 4 files
     assert main([]) == 2

@@ -39,7 +39,12 @@ CORPUS_ENV = {
     "DTTEST_WEAK": "weakpass",
 }
 # Refused for their content: a line break inside, a control character.
-CORPUS_ENV_BROKEN = {"DTTEST_NEWLINE": "Corpus-Env\nNewline-5", "DTTEST_CONTROL": "Corpus-Env\tTab-6"}
+CORPUS_ENV_BROKEN = {
+    "DTTEST_NEWLINE": "Corpus-Env\nNewline-5",
+    "DTTEST_CONTROL": "Corpus-Env\tTab-6",
+    # Determined's database URL cannot carry it (deploy/cluster/rules.py).
+    "DTTEST_URL_PASSWORD": "Corpus/Url?Pass#7",
+}
 # Values written straight into corpus files where a reference belongs.
 CORPUS_PLAINTEXT = ["minioadmin", "hunter2", "12345678"]
 # Secret files the corpus refers to by absolute path (a file in the repository is refused):
@@ -151,9 +156,11 @@ def test_defaults(tmp_path, corpus_env):
     assert c.ssh.strict_host_key_checking is True
     assert (c.network.ipoib.interface, c.network.ipoib.mtu) == ("ib0", 2044)
     assert dict(c.preflight.allowed_os) == {
-        "Ubuntu 20.04": ("5.4.0-100-generic",),
-        "Ubuntu 22.04": ("5.15.0-100-generic",),
+        "Ubuntu 20.04": ("5.4.0-*-generic",),
+        "Ubuntu 22.04": ("5.15.0-*-generic",),
     }
+    assert c.preflight.certified_kernels == ("5.4.0-100-generic", "5.15.0-100-generic")
+    assert c.preflight.secure_boot == "refuse"
     assert (c.preflight.min_free_disk_gb, c.preflight.disk_path) == (50, "/")
     assert (c.versions.nvidia_driver, c.versions.cuda, c.versions.nccl, c.versions.mofed) == (
         "515.65.01",
@@ -256,7 +263,10 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
         load_cluster("inventories/prod/cluster.yaml")
     f = "inventories/prod/cluster.yaml"
     pin = "not pinned: write the sha256 of the {} here (`sha256sum FILE`)"
+    keyring = "not pinned: write the sha256 of that folder's cuda-keyring .deb here (`sha256sum FILE`)"
     assert e.value.problems == [
+        f"{f}: sources.cuda_keyring.ubuntu2004: None: " + keyring,
+        f"{f}: sources.cuda_keyring.ubuntu2204: None: " + keyring,
         f"{f}: sources.mofed_tarball.sha256: None: " + pin.format("MLNX_OFED tarball"),
         f"{f}: sources.minio.sha256: None: " + pin.format("MinIO server binary"),
         f"{f}: sources.determined_master.sha256: None: " + pin.format("determined-master package"),
@@ -285,7 +295,7 @@ def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
     monkeypatch.setenv("DET_MINIO_SECRET_KEY", "det-minio-secret")
     monkeypatch.setenv("DET_DB_PASSWORD", "db-password")
     monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
-    c = load_cluster(write(tmp_path, PROD.read_text().replace("sha256: null", f"sha256: {PIN}")))
+    c = load_cluster(write(tmp_path, PROD.read_text().replace(": null   # operator: pin it", f": {PIN}")))
     assert (c.master_host, str(c.master_node.address), c.master_port) == ("gpu-master", "192.168.1.10", 23457)
     assert [(a.hostname, str(a.address), a.slots) for a in c.agents] == [
         ("gpu-node1", "192.168.1.11", 8),

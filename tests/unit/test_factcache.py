@@ -5,6 +5,9 @@ argument handling), so a pyinfra release that changes what the cache relies on f
 before TESTED_PYINFRA in deploy/pyinfra_ext/__init__.py is raised.
 """
 
+import json
+import os
+import stat
 import subprocess
 from types import SimpleNamespace
 
@@ -243,3 +246,96 @@ def test_a_file_read_predicts_its_checksum_read():
     assert factcache.wanted_entries(Directory, (), {"path": "/etc"}) == [
         factcache.wanted_entry(Directory, (), {"path": "/etc"})
     ]
+
+
+# --- the file of wanted facts is code the next run executes: what it may name ---------------
+
+
+def saved_host(tmp_path, monkeypatch, entries):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host = SimpleNamespace(name="gpu1", data={"ssh_hostname": "10.0.0.1"})
+    setattr(host, factcache._WANTED_ATTR, {factcache.wanted_entry(DebPackages, (), {})})
+    factcache.save_wanted(host)
+    factcache.record_path(host).write_text(json.dumps(entries))
+    return host
+
+
+def test_the_file_is_written_0600_in_a_0700_directory(tmp_path, monkeypatch):
+    host = saved_host(tmp_path, monkeypatch, [["pyinfra.facts.deb:DebPackages", [], {}]])
+    path = factcache.record_path(host)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert factcache.load_wanted(host) == [(DebPackages, (), {})]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pyinfra.facts.server:Command",  # runs its argument as root
+        "pyinfra.facts.apt:SimulateOperationWillChange",  # an apt-get command line
+        "os:system",
+        "subprocess:Popen",
+        "tests.unit.test_factcache:Planted",  # a FactBase outside the allowed modules
+        "pyinfra.facts.server:Hostname.__init__.__globals__",
+    ],
+)
+def test_a_planted_fact_class_is_not_run(tmp_path, monkeypatch, name):
+    host = saved_host(tmp_path, monkeypatch, [[name, ["id > /tmp/pwned"], {}], [name, [], {"command": "id"}]])
+    assert factcache.load_wanted(host) == []
+
+
+class Planted(FactBase):
+    def command(self):
+        return "id"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["pyinfra.facts.files:File", [], {"path": "/x; id"}],  # text pyinfra may not quote
+        ["pyinfra.facts.files:File", [], {"path": "$(id)"}],
+        ["pyinfra.facts.files:FindFiles", [], {"path": "/etc", "args": ["-exec", "id", ";"]}],
+        [
+            "pyinfra.facts.files:FindInFile",
+            [],
+            {"path": "/x", "pattern": "$(id)", "interpolate_variables": True},
+        ],
+        ["pyinfra.facts.files:Block", [], {"path": "/x", "marker": 'x/ {system("id")} /'}],
+        ["pyinfra.facts.files:File", [], {"path": "/x", "_sudo": True}],  # connector arguments
+        ["pyinfra.facts.files:File", [], {"path": {"nested": "dict"}}],
+        "not an entry",
+    ],
+)
+def test_entries_with_unsafe_arguments_are_left_out(tmp_path, monkeypatch, entry):
+    host = saved_host(tmp_path, monkeypatch, [entry, ["pyinfra.facts.deb:DebPackages", [], {}]])
+    assert factcache.load_wanted(host) == [(DebPackages, (), {})]
+
+
+def test_arguments_pyinfra_quotes_may_hold_any_printable_text(tmp_path, monkeypatch):
+    entries = [
+        ["pyinfra.facts.files:FindInFile", [], {"path": "/etc/hosts", "pattern": r"^127\.0\.1\.1\s.*$"}],
+        ["pyinfra.facts.files:Block", [], {"path": "/etc/hosts", "marker": "# {mark} managed hosts"}],
+        ["pyinfra.facts.server:Which", [], {"command": "hostnamectl"}],
+        ["pyinfra.facts.files:FindFiles", [], {"path": "/etc/netplan", "quote_path": True}],
+    ]
+    host = saved_host(tmp_path, monkeypatch, entries)
+    assert [cls.__name__ for cls, _, _ in factcache.load_wanted(host)] == [
+        "FindInFile",
+        "Block",
+        "Which",
+        "FindFiles",
+    ]
+
+
+@pytest.mark.parametrize("target", ["file", "directory"])
+def test_a_file_others_may_write_is_ignored(tmp_path, monkeypatch, target):
+    host = saved_host(tmp_path, monkeypatch, [["pyinfra.facts.deb:DebPackages", [], {}]])
+    path = factcache.record_path(host)
+    (path if target == "file" else path.parent).chmod(0o666 if target == "file" else 0o777)
+    assert factcache.load_wanted(host) == []
+
+
+def test_a_file_of_another_owner_is_ignored(tmp_path, monkeypatch):
+    host = saved_host(tmp_path, monkeypatch, [["pyinfra.facts.deb:DebPackages", [], {}]])
+    monkeypatch.setattr(factcache.os, "getuid", lambda: os.geteuid() + 1)
+    assert factcache.load_wanted(host) == []

@@ -157,8 +157,8 @@ def test_pyinfra_with_prod_inventory_from_another_directory(tmp_path):
     problems = [
         line for line in run.stderr.splitlines() if line.startswith(f"{REPO}/inventories/prod/cluster.yaml: ")
     ]
-    assert len(problems) == 9  # 4 pins, 4 secrets, the summary line
-    assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[7]
+    assert len(problems) == 11  # 6 pins (2 of them keyrings), 4 secrets, the summary line
+    assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[9]
     assert "Traceback" not in output and "Connecting" not in output
 
 

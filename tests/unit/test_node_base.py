@@ -11,7 +11,6 @@ from deploy import site
 from deploy.firewall import foreign_rules
 from roles.apt_proxy import apt_conf
 from roles.hosts import hosts_block
-from roles.ipoib import ifupdown_stanza, netplan_doc
 from roles.preflight import cgroup_unit, os_label, os_problems, port_problem
 
 ALLOWED = {"Ubuntu 20.04": ("5.4.0-100-generic",), "Ubuntu 22.04": ("5.15.0-100-generic",)}
@@ -65,11 +64,11 @@ def test_cgroup_unit_from_proc_cgroup_lines():
 
 
 def _cluster():
-    node = lambda h, a, i: SimpleNamespace(  # noqa: E731
-        hostname=h, address=ipaddress.ip_address(a), ipoib_address=ipaddress.ip_address(i)
+    node = lambda h, a, i, f="ib0": SimpleNamespace(  # noqa: E731
+        hostname=h, address=ipaddress.ip_address(a), ipoib_address=ipaddress.ip_address(i), ipoib_interface=f
     )
     return SimpleNamespace(
-        nodes=(node("m", "10.0.0.10", "10.1.0.10"), node("g1", "10.0.0.11", "10.1.0.11")),
+        nodes=(node("m", "10.0.0.10", "10.1.0.10"), node("g1", "10.0.0.11", "10.1.0.11", "ibp65s0")),
         network=SimpleNamespace(ipoib=SimpleNamespace(interface="ib0")),
     )
 
@@ -79,15 +78,8 @@ def test_hosts_block_has_management_and_ipoib_names():
         "10.0.0.10\tm",
         "10.0.0.11\tg1",
         "10.1.0.10\tm-ib0",
-        "10.1.0.11\tg1-ib0",
+        "10.1.0.11\tg1-ibp65s0",
     ]
-
-
-def test_ifupdown_and_netplan_files():
-    assert "iface ib0 inet static\n    address 10.1.0.11/24\n    mtu 2044\n" in ifupdown_stanza(
-        "ib0", "10.1.0.11/24", 2044
-    )
-    assert "addresses: [10.1.0.11/24]" in netplan_doc("ib0", "10.1.0.11/24", 2044)
 
 
 def test_apt_conf_waits_for_lock_and_bypasses_proxy_for_the_mirror():
@@ -173,6 +165,7 @@ def test_plan_follows_the_articles_checklist():
         ("mofed", None),
         ("minio", "storage"),
         ("postgresql", "master"),
+        ("pg_backup", "master"),
         ("determined_master", "master"),
         ("docker", "agent"),
         ("barrier", None),

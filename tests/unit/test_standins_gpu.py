@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from roles import mofed
 from tests.lab import mirror
 
 pytestmark = pytest.mark.skipif(
@@ -513,12 +514,28 @@ def test_ofed_tarball_layout(ofed, repo):
     assert debs == ["infiniband-diags", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils", "ofed-scripts"]
 
 
+# What a node has after roles/mofed.py installed the prerequisites: the packages, the tools
+# mlnx_add_kernel_support.sh looks for on PATH, and the running kernel's build tree.
+NODE_PACKAGES = tuple(mofed.PREREQUISITES) + (f"linux-headers-{os.uname().release}",)
+NODE_TOOLS = ("lsb_release", "apt-ftparchive", "bzip2")
+
+
 def scratch_root(
-    tmp_path: Path, os_release: str, installed=("python3", "lsof", "pciutils", "ethtool")
+    tmp_path: Path,
+    os_release: str,
+    installed=NODE_PACKAGES,
+    tools=NODE_TOOLS,
+    headers: bool = True,
 ) -> Path:
     root = tmp_path / "root"
     for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "etc", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
+    for tool in tools:
+        (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+        (root / "usr/bin" / tool).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / tool).chmod(0o755)
+    if headers:
+        (root / f"lib/modules/{os.uname().release}/build/scripts").mkdir(parents=True, exist_ok=True)
     (root / "etc/os-release").write_text(os_release)
     (root / "var/lib/dpkg/status").write_text(
         "".join(
@@ -574,10 +591,40 @@ def test_mlnxofedinstall_no_space_is_28(ofed, tmp_path):
 
 
 def test_mlnxofedinstall_missing_prerequisites_is_172(ofed, tmp_path):
-    root = scratch_root(tmp_path, DEBIAN12, installed=("python3", "lsof"))
+    root = scratch_root(
+        tmp_path, DEBIAN12, installed=[p for p in NODE_PACKAGES if p not in ("pciutils", "ethtool")]
+    )
     proc = install(ofed, root, "--force", "--add-kernel-support", "--without-fw-update")
     assert proc.returncode == 172
     assert "apt-get install pciutils ethtool" in proc.stdout
+
+
+def test_add_kernel_support_refuses_without_headers_and_build_tools(ofed, tmp_path):
+    kernel = os.uname().release
+    root = scratch_root(
+        tmp_path,
+        DEBIAN12,
+        installed=[p for p in NODE_PACKAGES if p not in ("quilt", "libelf-dev", f"linux-headers-{kernel}")],
+        tools=("lsb_release",),
+        headers=False,
+    )
+    proc = install(ofed, root, "--force", "--add-kernel-support", "--without-fw-update")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERROR: 'apt-utils' is not installed!" in proc.stdout
+    assert "ERROR: 'bzip2' is not installed!" in proc.stdout
+    assert "One or more required packages for installing OFED-internal are missing." in proc.stdout
+    assert f"/lib/modules/{kernel}/build/scripts is required for the Installation." in proc.stdout
+    assert f"apt-get install libelf-dev quilt linux-headers-{kernel}" in proc.stdout
+    assert f"Failed to build MLNX_OFED_LINUX for {kernel}" in proc.stderr
+    # --skip-repo spares the repository tools, not the build's packages.
+    proc = install(ofed, root, "--force", "--add-kernel-support", "--without-fw-update", "--skip-repo")
+    assert proc.returncode == 1 and "apt-utils" not in proc.stdout and "linux-headers-" in proc.stdout
+
+
+def test_add_kernel_support_without_lsb_release_takes_the_rpm_path(ofed, tmp_path):
+    root = scratch_root(tmp_path, DEBIAN12, tools=("apt-ftparchive", "bzip2"))
+    proc = install(ofed, root, "--force", "--add-kernel-support", "--without-fw-update")
+    assert proc.returncode == 1 and "Linux Distribution () is not supported" in proc.stdout
 
 
 def test_mlnxofedinstall_without_force_asks_and_aborts(ofed, tmp_path):
@@ -605,6 +652,20 @@ def test_mlnxofedinstall_installs_and_fw_update_needs_opt_out(ofed, tmp_path):
         [str(root2 / "usr/bin/ofed_info"), "-s"], capture_output=True, text=True, check=True
     )
     assert info.stdout == "MLNX_OFED_LINUX-5.8-3.0.7.0:\n"
+
+
+def test_kernel_headers_standin_has_the_build_tree_the_installers_check(repo, tmp_path):
+    kernel = os.uname().release
+    [deb] = (repo / "kernel").glob(f"linux-headers-{kernel}_*_amd64.deb")
+    tree = extract(deb, tmp_path)
+    build = tree / f"lib/modules/{kernel}/build"
+    assert os.readlink(build) == f"/usr/src/linux-headers-{kernel}"
+    assert (tree / f"usr/src/linux-headers-{kernel}/scripts").is_dir()
+    release = (repo / "kernel/Release").read_text()
+    assert "Origin: dtlab" in release and (repo / "kernel/InRelease").exists()
+    assert (repo / "kernel/dtlab-archive-keyring.gpg").read_bytes()
+    # apt verifies this repo by its signed Release: it is no pinned artifact.
+    assert "kernel/" not in (repo / mirror.SUMS_FILE).read_text()
 
 
 def test_openibd_unit_refuses_manual_stop_and_script_parses(ofed, tmp_path):

@@ -52,7 +52,9 @@ ZERO_SHA = "0" * 64
 NASTY = {
     "T_ACCESS": "det-ak_01",
     "T_SECRET": 'S3cr"et$HOME`id`\\n #: {x}',
-    "T_DB": 'db\'pass: #1 "quoted" \\ $PATH',
+    # Only what Determined's database URL carries (deploy/cluster/rules.py), still hard on
+    # shell, YAML and SQL quoting.
+    "T_DB": "db'pass:$PATH!(x)*;=@&~1",
     "T_ADMIN": "Adm1n-P@ss'\"# yes: no",
 }
 
@@ -473,9 +475,18 @@ def test_fetch_verified_installs_only_a_matching_file(http_dir, tmp_path):
     ok = install(f"{base}/tool", good, mode="755")
     assert ok.returncode == 0, ok.stderr
     assert dest.read_bytes() == b"#!/bin/sh\necho real\n" and dest.stat().st_mode & 0o777 == 0o755
-    # No pin (cuda-keyring only): whatever the URL serves is kept.
+    # No pin, no download: there is no unpinned path (cuda-keyring is pinned too).
     dest.unlink()
-    assert install(f"{base}/tool", None).returncode == 0 and dest.exists()
+    for no_pin in (None, "", "x" * 64):
+        refused = install(f"{base}/tool", no_pin)
+        assert refused.returncode == 1 and "no sha256 pin" in refused.stderr and not dest.exists()
+    script = subprocess.run(
+        ["sh", str(REPO / "files/shared_ops/fetch-verified.sh"), f"{base}/tool", str(dest), "Tool", ""],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert script.returncode == 1 and "no sha256 pin" in script.stderr and not dest.exists()
 
 
 def test_fail_stops_with_the_message_on_stderr():

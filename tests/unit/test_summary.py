@@ -67,3 +67,29 @@ def test_a_lost_connection_is_named_as_such():
     }
     # Not the SSH connector (@local, docker): never "connection lost".
     assert summary.connection_lost(SimpleNamespace(name="c", connector=SimpleNamespace())) is False
+
+
+def test_rerun_command_hides_secret_option_values():
+    argv = [
+        "pyinfra",
+        "--password",
+        "hunter2",
+        "--ssh-key-password=s3cret",
+        "--key",
+        "/home/me/.ssh/id_ed25519",
+        "--data",
+        "ssh_password=hunter3",
+        "--data=db_token=t0k",
+        "--data",
+        "ssh_user=ubuntu",
+        "inventories/prod.py",
+        "deploy.py",
+    ]
+    line = rerun_command(argv, "gpu-node1")
+    for secret in ("hunter2", "s3cret", "hunter3", "t0k"):
+        assert secret not in line
+    assert line == (
+        "pyinfra --password '<hidden>' '--ssh-key-password=<hidden>' --key /home/me/.ssh/id_ed25519 "
+        "--data 'ssh_password=<hidden>' '--data=db_token=<hidden>' --data ssh_user=ubuntu "
+        "inventories/prod.py deploy.py --limit gpu-node1"
+    )

@@ -379,3 +379,19 @@ def test_main_loads_the_plugin_and_keeps_user_args():
     assert "--verify-matrix=/r/verify-matrix.md" in cmd and "--tb=short" in cmd
     assert cmd[-2:] == ["-k", "gpu"]
     assert "--tb=short" not in pytest_command("c.yaml", "4", Path("/r"), ["--tb=long"])
+
+
+def test_seen_lines_name_each_node_in_cluster_order():
+    import json
+
+    from tests.verify.matrix import seen_lines
+
+    values = [
+        json.dumps({"what": "IPoIB interface", "node": "lab-gpu3", "value": "ibp65s0 (netplan)"}),
+        json.dumps({"what": "IPoIB interface", "node": "lab-master", "value": "ib0"}),
+        json.dumps({"what": "IPoIB interface", "node": "lab-master", "value": "ib0 mtu 2044 (ifupdown)"}),
+    ]
+    assert seen_lines(values, {"lab-master": 0, "lab-gpu3": 3}) == [
+        "--> IPoIB interface: lab-master ib0 mtu 2044 (ifupdown), lab-gpu3 ibp65s0 (netplan)"
+    ]
+    assert seen_lines([]) == []

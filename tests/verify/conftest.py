@@ -4,15 +4,18 @@ Expected values come from the same model the deploy used. Fixtures:
 - `cluster`: the model;
 - `node`, `agent`, `master`, `storage`: parametrised over the matching nodes (ids = hostnames);
 - `peer`: parametrised over every node, for cross-node checks (node x peer);
-- `host_of(node)`: a testinfra Host reached over SSH with the cluster's SSH settings.
+- `host_of(node)`: a testinfra Host reached over SSH with the cluster's SSH settings, host
+  keys checked the way pyinfra checks them (see CheckedParamikoBackend).
 """
 
 import functools
-import tempfile
-from pathlib import Path
+import logging
+import os
 
+import paramiko
 import pytest
-import testinfra
+import testinfra.host
+from testinfra.backend.paramiko import ParamikoBackend
 
 from deploy.cluster import load_cluster
 from deploy.sshtuning import set_nodelay
@@ -54,33 +57,120 @@ def cluster(pytestconfig):
     return _cluster(pytestconfig.getoption("--cluster"))
 
 
-def ssh_config_text(cluster) -> str:
-    ssh = cluster.ssh
-    lines = ["Host *", f"  User {ssh.user}", f"  Port {ssh.port}"]
-    if ssh.key_file:
-        lines.append(f"  IdentityFile {ssh.key_file}")
-    lines.append(f"  StrictHostKeyChecking {'yes' if ssh.strict_host_key_checking else 'no'}")
-    if ssh.known_hosts_file:
-        lines.append(f"  UserKnownHostsFile {ssh.known_hosts_file}")
-    return "\n".join(lines) + "\n"
+# testinfra logs every command with its output at DEBUG, paramiko its transport: with pytest's
+# --log-level=DEBUG both would land in the terminal and the JUnit file, secrets included.
+QUIET_LOGGERS = ("testinfra", "paramiko")
+
+
+def pytest_configure(config):
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
+    if config.getoption("showlocals", False):
+        raise pytest.UsageError(
+            "-l/--showlocals prints the checks' local variables, secrets included: not allowed here"
+        )
+    try:
+        config.verify_host_keys = host_keys_line(_cluster(config.getoption("--cluster")).ssh)
+    except Exception:  # a broken cluster.yaml: collection reports it, once
+        config.verify_host_keys = None
+
+
+def known_hosts_files(ssh) -> tuple[str, ...]:
+    """The files pyinfra reads host keys from: ssh.known_hosts_file (pyinfra's
+    ssh_known_hosts_file, deploy/inventory.py), else ~/.ssh/known_hosts (sshuserclient/client.py
+    parse_config's default)."""
+    return (os.path.expanduser(ssh.known_hosts_file or "~/.ssh/known_hosts"),)
+
+
+def host_keys_line(ssh) -> str:
+    """verify's header line: how the nodes' host keys are checked."""
+    files = known_hosts_files(ssh)
+    shown = ", ".join(files)
+    if ssh.strict_host_key_checking:
+        return f"host keys: checked against {shown}; unknown or different keys refused"
+    if not any(os.path.isfile(f) and os.path.getsize(f) for f in files):
+        return (
+            f"host keys: NOT checked: no known keys in {shown} and "
+            "ssh.strict_host_key_checking: false accepts any"
+        )
+    return (
+        f"host keys: a key different from {shown} is refused; "
+        "unknown keys ACCEPTED (ssh.strict_host_key_checking: false)"
+    )
+
+
+def pytest_report_header(config):
+    return getattr(config, "verify_host_keys", None)
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """A node whose key is not in known_hosts, with strict checking (pyinfra's StrictPolicy)."""
+
+
+class StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, files: tuple[str, ...]):
+        self.files = files
+
+    def missing_host_key(self, client, hostname, key):
+        raise UnknownHostKey(
+            f"no host key for {hostname} in {', '.join(self.files)} (ssh.strict_host_key_checking: true)"
+        )
+
+
+class AcceptPolicy(paramiko.MissingHostKeyPolicy):
+    """pyinfra's WarningPolicy without the warning: the header line already says it."""
+
+    def missing_host_key(self, client, hostname, key):
+        pass
+
+
+class CheckedParamikoBackend(ParamikoBackend):
+    """testinfra's paramiko backend checks no host key: its client starts from WarningPolicy
+    (accept anything), loads no known_hosts file, and reads only StrictHostKeyChecking=no from
+    ssh_config (testinfra/backend/paramiko.py `client`, `_load_ssh_config`): an impostor node
+    would pass every check. This client decides as pyinfra's SSHClient does
+    (pyinfra/connectors/sshuserclient/client.py `connect`, `get_missing_host_key_policy`):
+    known keys are loaded from the same file; a key that differs from a known one is refused
+    (paramiko's BadHostKeyException), and an unknown one is refused with strict checking
+    ("yes" -> StrictPolicy) and accepted without ("no" -> WarningPolicy)."""
+
+    def __init__(self, hostspec: str, *, ssh, timeout: int = 10):
+        super().__init__(hostspec, ssh_identity_file=ssh.key_file, timeout=timeout)
+        self.known_hosts = known_hosts_files(ssh)
+        self.strict = ssh.strict_host_key_checking
+
+    @functools.cached_property
+    def client(self) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        for path in self.known_hosts:
+            if os.path.exists(path):
+                client.get_host_keys().load(path)  # not load_host_keys: nothing is written back
+        client.set_missing_host_key_policy(StrictPolicy(self.known_hosts) if self.strict else AcceptPolicy())
+        client.connect(
+            hostname=self.host.name,
+            port=int(self.host.port) if self.host.port else 22,
+            username=self.host.user,
+            key_filename=self.ssh_identity_file,
+            timeout=self.timeout,
+            allow_agent=True,
+        )
+        return client
 
 
 @pytest.fixture(scope="session")
 def host_of(cluster):
-    workdir = Path(tempfile.mkdtemp(prefix="verify-ssh-"))
-    config = workdir / "ssh_config"
-    config.write_text(ssh_config_text(cluster))
     cache = {}
     unreachable = {}
 
     def get(node):
         if node.hostname not in cache:
-            cache[node.hostname] = testinfra.get_host(
-                f"paramiko://{cluster.ssh.user}@{node.address}:{cluster.ssh.port}",
-                ssh_config=str(config),
-                ssh_identity_file=cluster.ssh.key_file,
+            backend = CheckedParamikoBackend(
+                f"{cluster.ssh.user}@{node.address}:{cluster.ssh.port}",
+                ssh=cluster.ssh,
                 timeout=10,
             )
+            cache[node.hostname] = testinfra.host.Host(backend)
+            backend.set_host(cache[node.hostname])
         # A node that drops packets costs one connect timeout per worker, not one per check.
         if node.hostname in unreachable:
             exc, tb = unreachable[node.hostname]

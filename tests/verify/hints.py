@@ -38,8 +38,10 @@ HINTS: dict[str, Hint] = {
         "`getent hosts PEER` on {node}; " + REDEPLOY + " (the hosts role writes the block)",
     ),
     "test_ipoib_interface_static_and_up": Hint(
-        "ib0 missing, down, or with the wrong address / MTU",
-        "`ip addr show ib0` and `ibstat` on {node} (is openibd up?), then " + REDEPLOY,
+        "the node's IPoIB interface (named in the detail) missing, down, or with the wrong "
+        "address / MTU / mode",
+        "`ip -d addr show` and `ibstat` on {node} (is openibd up?); a port named otherwise "
+        "(ibp65s0, ...): set the node's ipoib_interface in cluster.yaml; then " + REDEPLOY,
     ),
     "test_no_firewall_rules": Hint(
         "firewall rules present: heartbeats / NCCL traffic dropped, agents stay 'pending'",
@@ -59,7 +61,7 @@ HINTS: dict[str, Hint] = {
     "test_reaches_peer_on_ipoib": Hint(
         "no path to a peer over IPoIB: NCCL will fail with 'AllReduce timeout after 300 seconds'",
         "`ibstat` / `iblinkinfo` on both nodes (port Down: cabling, subnet manager); "
-        "`ip addr show ib0`; the HOST-ib0 names in /etc/hosts",
+        "`ip addr show` of the IPoIB interface; the HOST-<interface> names in /etc/hosts",
     ),
     # --- test_gpu_stack.py ------------------------------------------------------------------
     "test_driver_version_on_every_gpu": Hint(
@@ -102,6 +104,12 @@ HINTS: dict[str, Hint] = {
     "test_ofed_release": Hint(
         "MLNX_OFED missing or another version (with community OFED ibstat cannot see the HCA)",
         "`ofed_info -s` on {node}; " + REDEPLOY,
+    ),
+    "test_running_kernel_held": Hint(
+        "the running kernel's packages are not held (or unattended-upgrades may upgrade them): "
+        "a new kernel boots without MLNX_OFED's modules, which were built for this one",
+        "`apt-mark showhold` and `apt-config dump Unattended-Upgrade::Package-Blacklist` on "
+        "{node}, then " + REDEPLOY + "; to move to a new kernel see docs/operations.md",
     ),
     "test_ib_ports_active": Hint(
         "ib0 port Down (State Initializing = no subnet manager): 'AllReduce timeout'",
@@ -147,6 +155,23 @@ HINTS: dict[str, Hint] = {
     "test_secret_files_are_0600_root": Hint(
         "a secret file is missing or readable by others than root",
         "`ls -l /etc/default/minio /etc/determined/` on {node}; " + REDEPLOY,
+    ),
+    "test_data_dir_is_mount_point": Hint(
+        "storage.data_dir is not a mount point: MinIO would keep objects on the root disk (an "
+        "unmounted data disk shows an empty bucket)",
+        "`findmnt` on {node}: mount the data disk at storage.data_dir (and in /etc/fstab), then "
+        + REDEPLOY
+        + "; or set storage.data_on_root_disk: true if the root disk is intended",
+    ),
+    "test_backup_timer_active": Hint(
+        "the nightly database backup is not scheduled, or its last run failed",
+        "`systemctl list-timers pg-backup.timer` and `journalctl -u pg-backup` on {node}; "
+        "`systemctl start pg-backup.service` runs one now; " + REDEPLOY,
+    ),
+    "test_latest_backup_recent": Hint(
+        "no database backup in the bucket for more than a day: a lost master loses its history",
+        "`journalctl -u pg-backup` on {node}; `pg-backup list` shows what the bucket holds; "
+        "`systemctl start pg-backup.service` runs one now",
     ),
     # --- test_determined.py -----------------------------------------------------------------
     "test_postgresql_version_and_connections": Hint(

@@ -49,6 +49,9 @@ P_SSH = "verify.ssh"  # one-line reason an SSH connection failed
 P_SSH_KIND = "verify.ssh_kind"
 P_SSH_TARGET = "verify.ssh_target"  # "address:port" paramiko tried to reach
 P_NVLINK = "verify.nvlink"  # JSON, what a topology check read (tests/verify/test_topology_agents.py)
+# JSON {"what", "node", "value"}: what a check found on a node that an operator wants to see per
+# node even when it is green (e.g. which interface carries IPoIB there).
+P_SEEN = "verify.seen"
 
 OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
 MARKUP = {
@@ -152,6 +155,8 @@ def ssh_problem(exc: BaseException) -> tuple[str, str, str | None] | None:
         kind, what = "auth", f"authentication failed{detail}"
     elif "paramiko.ssh_exception.BadHostKeyException" in names:
         kind, what = "hostkey", "host key does not match known_hosts"
+    elif any(n.endswith(".UnknownHostKey") for n in names):  # tests/verify/conftest.py
+        kind, what = "hostkey", f"host key unknown: {message}"
     elif isinstance(exc, TimeoutError) or "timed out" in message:
         kind, what = "timeout", "connection timed out"
     elif codes == {errno.ECONNREFUSED}:
@@ -270,6 +275,21 @@ def nvlink_lines(values: list[str]) -> list[str]:
             found = tuple(tuple(d) for d in entry["domains"])
             observed[entry["node"]] = Observed(entry["layout"], found, entry.get("detail"))
     return summary_lines(observed, sorted(agents))
+
+
+def seen_lines(values: list[str], order: dict[str, int] | None = None) -> list[str]:
+    """One line per kind of P_SEEN value: `--> IPoIB interface: master ib0 ..., gpu3 ibp65s0 ...`,
+    nodes in cluster.yaml order (then by name)."""
+    by_what: dict[str, dict[str, str]] = {}
+    for value in values:
+        entry = json.loads(value)
+        by_what.setdefault(entry["what"], {})[entry["node"]] = entry["value"]
+    rank = order or {}
+    lines = []
+    for what, nodes in by_what.items():
+        shown = sorted(nodes, key=lambda n: (rank.get(n, len(rank)), _natural(n)))
+        lines.append(f"--> {what}: " + ", ".join(f"{n} {nodes[n]}" for n in shown))
+    return lines
 
 
 def _natural(name: str):
@@ -391,12 +411,16 @@ def render_markdown(
     finished: str,
     collect_errors: list[str],
     nvlink: list[str] | None = None,
+    host_keys: str | None = None,
+    seen: list[str] | None = None,
 ) -> str:
     red = m.red_cells()
     verdict = "ok" if exitstatus == 0 else "FAIL"
     out = ["# Verify matrix", ""]
     if cluster:
         out.append(f"- cluster: `{cluster}`")
+    if host_keys:
+        out.append(f"- {_md(host_keys)}")
     hosts = len([n for n in m.nodes if n != CLUSTER])
     out += [
         f"- finished: {finished}, wall time {_duration(wall)}",
@@ -453,6 +477,8 @@ def render_markdown(
                 f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
                 f"{'; '.join(_md_code(e) for e in cell.evidence())} |"
             )
+    if seen:
+        out += ["", "## Seen per node", "", "```", *seen, "```"]
     if nvlink:
         out += ["", "## NVLink domains", "", "```", *nvlink, "```"]
     return "\n".join(out) + "\n"
@@ -547,6 +573,7 @@ class Recorder:
         self.check_order: dict[str, tuple] = {}
         self.collect_errors: list[str] = []
         self.nvlink: list[str] = []  # P_NVLINK values, from every worker
+        self.seen: list[str] = []  # P_SEEN values, from every worker
         self.matrix: Matrix | None = None
         self.path: Path | None = None
         self.wall = 0.0
@@ -571,6 +598,7 @@ class Recorder:
             return
         props = _props(report)
         self.nvlink += props.get(P_NVLINK, [])
+        self.seen += props.get(P_SEEN, [])
         check = (props.get(P_CHECK) or [check_from_nodeid(report.nodeid)])[0]
         for pair in props.get(P_ADDRESS, []):
             host, address = pair.split(" ", 1)
@@ -610,6 +638,8 @@ class Recorder:
                 finished=finished,
                 collect_errors=self.collect_errors,
                 nvlink=nvlink_lines(self.nvlink),
+                seen=seen_lines(self.seen, self.order),
+                host_keys=getattr(self.config, "verify_host_keys", None),
             )
         )
 
@@ -623,6 +653,9 @@ class Recorder:
         tr = terminalreporter
         real = [n for n in m.nodes if n != CLUSTER]
         tr.write_sep("=", f"verify matrix: {len(m.checks)} checks x {len(real)} nodes")
+        host_keys = getattr(self.config, "verify_host_keys", None)
+        if host_keys:
+            tr.write_line(host_keys, bold=True)
         for error in self.collect_errors:
             tr.write_line(f"collection error: {error}", red=True)
         if not m.checks:
@@ -631,7 +664,7 @@ class Recorder:
             for text, markup in segments:
                 tr.write(text, **markup)
             tr.line("")
-        for line in nvlink_lines(self.nvlink):
+        for line in seen_lines(self.seen, self.order) + nvlink_lines(self.nvlink):
             tr.write_line(line)
         red = len(m.red_cells())
         counts = Counter(m.status(c, n) for c in m.checks for n in m.nodes)

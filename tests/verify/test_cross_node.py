@@ -39,9 +39,8 @@ def _probe(host, names: tuple[str, ...]) -> dict[str, str]:
 
 def _errors(node, host_of, cluster) -> dict[str, str]:
     """{peer name: error or ""} for every node's management and IPoIB name, from one command."""
-    interface = cluster.network.ipoib.interface
     names = tuple(n.hostname for n in cluster.nodes) + tuple(
-        ib_name(n.hostname, interface) for n in cluster.nodes
+        ib_name(n.hostname, n.ipoib_interface) for n in cluster.nodes
     )
     return _probe(host_of(node), names)
 
@@ -52,6 +51,6 @@ def test_reaches_peer_on_management(node, peer, host_of, cluster):
 
 
 def test_reaches_peer_on_ipoib(node, peer, host_of, cluster):
-    name = ib_name(peer.hostname, cluster.network.ipoib.interface)
+    name = ib_name(peer.hostname, peer.ipoib_interface)
     error = _errors(node, host_of, cluster)[name]
     assert error == "", f"{node.hostname} -> {name}: {error}"

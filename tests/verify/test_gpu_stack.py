@@ -17,6 +17,7 @@ from deploy.pins import (
     nccl_version_code,
     ofed_release,
 )
+from roles import kernel
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 
@@ -114,3 +115,19 @@ def test_ib_ports_active(node, host_of):
         assert fields.get("Physical state") == "LinkUp", (
             f"{ca} port {port}: Physical state {fields.get('Physical state')}"
         )
+
+
+def test_running_kernel_held(node, host_of):
+    # MLNX_OFED's --add-kernel-support modules exist for this kernel only (no DKMS).
+    h = host_of(node)
+    release = h.check_output("uname -r").strip()
+    candidates = kernel.hold_candidates(release)
+    installed = {p for p in candidates if h.package(p).is_installed}
+    headers = kernel.headers_package(release)
+    assert headers in installed, f"{headers} is not installed"
+    held = set(h.check_output("apt-mark showhold").split())
+    unheld = [p for p in candidates if p in installed and p not in held]
+    assert not unheld, f"not held: {', '.join(unheld)}"
+    blacklist = h.check_output("apt-config dump Unattended-Upgrade::Package-Blacklist")
+    missing = [e for e in kernel.uu_blacklist_entries(release) if f'"{e}"' not in blacklist]
+    assert not missing, f"not in Unattended-Upgrade::Package-Blacklist ({kernel.UU_CONF}): {missing}"

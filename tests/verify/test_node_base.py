@@ -6,6 +6,7 @@ import shlex
 
 from deploy.firewall import foreign_rules
 from roles.hosts import ib_name
+from tests.verify.matrix import P_SEEN
 
 
 def test_os_and_kernel_allowed(node, host_of, cluster):
@@ -38,11 +39,10 @@ def ipv4_of(host, names: list[str]) -> dict[str, list[str]]:
 
 
 def test_etc_hosts_maps_every_node(node, host_of, cluster):
-    interface = cluster.network.ipoib.interface
     expected = {}
     for other in cluster.nodes:
         expected[other.hostname] = [str(other.address)]
-        expected[ib_name(other.hostname, interface)] = [str(other.ipoib_address)]
+        expected[ib_name(other.hostname, other.ipoib_interface)] = [str(other.ipoib_address)]
     resolved = ipv4_of(host_of(node), list(expected))
     wrong = {name: got for name, got in resolved.items() if got != expected[name]}
     assert not wrong, "resolved differently from cluster.yaml: " + ", ".join(
@@ -50,15 +50,26 @@ def test_etc_hosts_maps_every_node(node, host_of, cluster):
     )
 
 
-def test_ipoib_interface_static_and_up(node, host_of, cluster):
+def test_ipoib_interface_static_and_up(node, host_of, cluster, record_property):
+    """The node's own IPoIB interface (nodes[].ipoib_interface): every message names it, and the
+    matrix lists it per node (P_SEEN) so a renamed port shows even when green."""
     h = host_of(node)
-    ib = cluster.network.ipoib
-    iface = h.interface(ib.interface)
-    assert iface.exists
-    assert f"{node.ipoib_address}" in iface.addresses
-    link = json.loads(h.check_output(f"ip -j link show dev {ib.interface}"))[0]
-    assert link["operstate"] == "UP"
-    assert link["mtu"] == ib.mtu
+    ib, name = cluster.network.ipoib, node.ipoib_interface
+    seen = {"what": "IPoIB interface", "node": node.hostname, "value": name}
+    record_property(P_SEEN, json.dumps(seen))
+    iface = h.interface(name)
+    assert iface.exists, f"{name}: no such interface on {node.hostname}"
+    assert f"{node.ipoib_address}" in iface.addresses, f"{name}: {node.ipoib_address} missing"
+    link = json.loads(h.check_output(f"ip -j link show dev {shlex.quote(name)}"))[0]
+    assert link["operstate"] == "UP", f"{name}: {link['operstate']}"
+    assert link["mtu"] == ib.mtu, f"{name}: MTU {link['mtu']}, expected {ib.mtu}"
+    method = "netplan" if h.exists("netplan") else "ifupdown"
+    seen["value"] = f"{name} {node.ipoib_address} mtu {link['mtu']} ({method})"
+    record_property(P_SEEN, json.dumps(seen))
+    # Only an InfiniBand link (type 32) has a mode (the lab's stand-in is a veth).
+    mode = h.file(f"/sys/class/net/{name}/mode")
+    if link.get("link_type") == "infiniband" and mode.exists:
+        assert mode.content_string.strip() == ib.mode, f"{name}: mode {mode.content_string.strip()}"
 
 
 def test_no_firewall_rules(node, host_of):

@@ -10,6 +10,7 @@ because pytest prints both sides of a failed `==`.
 """
 
 import contextlib
+import datetime
 import io
 import urllib.error
 import urllib.request
@@ -168,3 +169,47 @@ def test_secret_files_are_0600_root(node, host_of):
         f = h.file(path)
         assert f.exists, path
         assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
+
+
+def test_data_dir_is_mount_point(storage, host_of, cluster):
+    """MinIO's objects on their own disk: an unmounted disk means an empty root-disk directory."""
+    if cluster.storage.data_on_root_disk:
+        pytest.skip("storage.data_on_root_disk: true (the root disk is intended)")
+    h = host_of(storage)
+    data_dir = cluster.storage.data_dir
+    assert h.run(f"mountpoint -q -- {data_dir}").rc == 0, f"{data_dir} is not a mount point"
+    drop_in = h.file("/etc/systemd/system/minio.service.d/10-data-mount.conf")
+    assert f"AssertPathIsMountPoint={data_dir}" in drop_in.content_string
+
+
+BACKUP_PREFIX = "backups/postgresql/"
+# Nightly at 02:30 plus up to 30 min of random delay: a day and a margin.
+BACKUP_MAX_AGE = 26 * 3600
+
+
+def test_backup_timer_active(cluster, host_of):
+    h = host_of(cluster.master_node)
+    timer = h.service("pg-backup.timer")
+    assert timer.is_enabled and timer.is_running, "pg-backup.timer is not enabled and active"
+    result = h.check_output("systemctl show -p Result --value pg-backup.service")
+    assert result == "success", f"the last backup run ended with {result!r} (journalctl -u pg-backup)"
+
+
+def test_latest_backup_recent(master_s3_env, cluster, host_of):
+    """The newest object under backups/postgresql/ is at most a day (and a margin) old."""
+    client = _client(
+        cluster,
+        master_s3_env["AWS_ACCESS_KEY_ID"],
+        master_s3_env["AWS_SECRET_ACCESS_KEY"],
+        master_s3_env["AWS_DEFAULT_REGION"],
+    )
+    objects = list(client.list_objects(cluster.storage.bucket, prefix=BACKUP_PREFIX, recursive=True))
+    if not objects:
+        h = host_of(cluster.master_node)
+        last = h.check_output("systemctl show -p LastTriggerUSec --value pg-backup.timer")
+        if last in ("", "n/a", "0"):
+            pytest.skip("no backup yet: the timer has not elapsed since the deploy")
+        pytest.fail(f"no backup under {BACKUP_PREFIX} although the timer ran ({last})")
+    newest = max(o.last_modified for o in objects)
+    age = (datetime.datetime.now(datetime.UTC) - newest).total_seconds()
+    assert age <= BACKUP_MAX_AGE, f"newest backup is {age / 3600:.1f} h old"

@@ -75,7 +75,10 @@ def _publish(deb: Path, dest: Path) -> Path:
 
 
 def build(ctx) -> list[Path]:
-    out_dir = Path(ctx.mirror_dir) / "determined"
+    # The GitHub release layout (<owner>/<repo>/releases/download/<tag>/<asset>): from 0.38 the
+    # tag is v<version> (.circleci/real_config.yml filters v\d+.\d+.\d+), the asset keeps the bare
+    # version (GoReleaser's nfpm default name: {{ .PackageName }}_{{ .Version }}_{{ .Os }}_{{ .Arch }}).
+    out_dir = Path(ctx.mirror_dir) / "determined-ai/determined/releases/download" / f"v{VERSION}"
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(ctx.work_dir) / "determined-debs"
     packages = {

@@ -8,6 +8,8 @@ Order of checks and exit codes (MLNX_OFED user manual):
       among those the tarball was built for (--add-kernel-support rebuilds for it), answer
       other than 'y' at the confirmation prompt (--force skips it), dpkg failure
   28  less than 1 GiB free on /
+   1  --add-kernel-support, and what mlnx_add_kernel_support.sh checks is missing (below):
+      "Failed to build MLNX_OFED_LINUX for <kernel>"
  172  required distribution packages missing (listed with an apt-get line)
    2  firmware update found no firmware for the device (--without-fw-update skips it)
    0  installed
@@ -19,6 +21,7 @@ DTLAB_STANDIN_MIN_FREE_BYTES.
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -26,6 +29,25 @@ OFED_VERSION = "@OFED_VERSION@"
 DISTRO = "@DISTRO@"
 SUPPORTED_KERNELS_TEXT = "@SUPPORTED_KERNELS@"  # space separated
 PREREQUISITES = ("python3", "lsof", "pciutils", "ethtool")
+
+# --add-kernel-support runs mlnx_add_kernel_support.sh, which installs nothing and exits 1 when
+# a check fails (the public copies of the script, v7.1/v7.2 of MLNX_OFED 4.x/5.0; the 5.8
+# tarball's copy is not published): lsb_release tells it a deb system (without it it takes the
+# rpm path: "Linux Distribution () is not supported"); `which apt-ftparchive` and `which bzip2`
+# ("ERROR: 'apt-utils' is not installed!" / "'bzip2' is not installed!") unless --skip-repo;
+# then `install.pl --kernel-only --build-only --without-dkms --check-deps-only`, whose
+# check_linux_dependencies (MLNX_OFED_SRC-5.9-0.5.6.0/install.pl) lists every missing deb of
+# @required_debs, the kernel packages' build needs and linux-headers-$kernel when
+# $kernel_sources/scripts (/lib/modules/$kernel/build/scripts) is missing. Its dpatch is not
+# checked here: neither Debian 12 nor Ubuntu 20.04/22.04 ship it.
+ADD_KERNEL_TOOLS = (("apt-ftparchive", "apt-utils"), ("bzip2", "bzip2"))
+INSTALL_PL_REQUIRED = (
+    "autotools-dev", "autoconf", "automake", "m4", "debhelper", "chrpath", "swig", "graphviz",
+    "libltdl-dev", "build-essential",
+    "libelf-dev",  # CONFIG_STACK_VALIDATION + CONFIG_UNWINDER_ORC kernels (Ubuntu's, Debian's)
+    "quilt", "make", "gcc", "pkg-config", "dh-autoreconf",  # dist_req_build of *-modules
+    "kmod", "perl", "procps",  # dist_req_inst of mlnx-ofed-kernel-modules
+)  # fmt: skip
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -128,6 +150,44 @@ def installed(package):
     return proc.returncode == 0 and proc.stdout.startswith("ii")
 
 
+def on_path(tool):
+    if ROOT == "/":
+        return shutil.which(tool) is not None
+    return any(os.access(os.path.join(ROOT, d, tool), os.X_OK) for d in ("usr/bin", "bin"))
+
+
+def add_kernel_support_missing(kernel, opts):
+    """What mlnx_add_kernel_support.sh would stop on, as it prints it (empty: it goes on)."""
+    if not on_path("lsb_release"):
+        return ["ERROR: Linux Distribution () is not supported"]
+    lines = []
+    if "--skip-repo" not in opts:
+        for tool, package in ADD_KERNEL_TOOLS:
+            if not on_path(tool):
+                lines += [
+                    f"ERROR: '{package}' is not installed!",
+                    f"'{package}' package is needed for creating a repository from MLNX_OFED_LINUX DEBs.",
+                    "",
+                ]
+        if lines:
+            lines += [
+                "Use '--skip-repo' flag if you are not going to set MLNX_OFED_LINUX as repository for",
+                "installation using apt-get tool.",
+                "",
+            ]
+    missing = [p for p in INSTALL_PL_REQUIRED if not installed(p)]
+    sources = opts.get("--kernel-sources") or opts.get("-s") or f"/lib/modules/{kernel}/build"
+    scripts = sources.rstrip("/") + "/scripts"
+    if not os.path.isdir(os.path.join(ROOT, scripts.lstrip("/"))):
+        missing.append(f"linux-headers-{kernel}")
+    if missing:
+        lines.append("One or more required packages for installing OFED-internal are missing.")
+        if missing[-1] == f"linux-headers-{kernel}":
+            lines.append(f"{scripts} is required for the Installation.")
+        lines += ["Run:", "apt-get install " + " ".join(missing)]
+    return lines
+
+
 def main(argv):
     opts = parse(argv)
     if opts is None:
@@ -179,6 +239,12 @@ def main(argv):
             f"/tmp/MLNX_OFED_LINUX-{OFED_VERSION}-{kernel} directory.",
         )
         say(opts, "Checking if all needed packages are installed...")
+        problems = add_kernel_support_missing(kernel, opts)
+        if problems:
+            print("\n".join(problems))
+            # mlnxofedinstall's line when the script fails (seen in published logs of 4.x runs).
+            print(f"Failed to build MLNX_OFED_LINUX for {kernel}", file=sys.stderr)
+            return EXIT_FAIL
         say(opts, "Building MLNX_OFED_LINUX DEBS . Please wait...")
         say(
             opts,

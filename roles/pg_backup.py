@@ -1,0 +1,113 @@
+"""Backups of Determined's PostgreSQL database, shipped off the master into MinIO.
+
+install:   /usr/local/sbin/pg-backup (files/pg_backup/pg-backup: Python's standard library
+           only, as curl's --aws-sigv4 needs curl 7.75 and Ubuntu 20.04 ships 7.68)
+configure: /etc/pg-backup/pg-backup.conf (endpoint, bucket, prefix, database, how many to keep;
+           no secrets: the program reads the keys from the master's own 0600 S3 environment
+           file, so it holds exactly the keys determined-master holds, never in argv)
+activate:  pg-backup.timer enabled and running: a `pg_dump -Fc` every night into
+           s3://<bucket>/backups/postgresql/, the newest database.backup_keep kept
+
+The backups go into the checkpoint bucket under their own prefix: those are the only keys the
+master has (a dedicated bucket would need MinIO's root keys on the master). Anyone holding the
+checkpoint keys can read them; docs/operations.md says so.
+
+roles/determined_master.py calls before_version_change() right before it installs another
+determined-master version, whose first start migrates the schema.
+"""
+
+from __future__ import annotations
+
+import io
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from deploy.cluster import Cluster, Node
+from roles.shared_ops import env_file, packages
+from roles.templates import files_path
+
+PROGRAM = "/usr/local/sbin/pg-backup"
+CONF_DIR = "/etc/pg-backup"
+CONF = f"{CONF_DIR}/pg-backup.conf"
+UNITS = ("pg-backup.service", "pg-backup.timer")
+PREFIX = "backups/postgresql/"
+
+
+def conf(cluster: Cluster) -> str:
+    return env_file(
+        "Settings of /usr/local/sbin/pg-backup (roles/pg_backup.py). No secrets: the S3 keys\n"
+        "and region come from /etc/determined/master-s3.env.",
+        {
+            "PGB_ENDPOINT": cluster.storage.endpoint_url,
+            "PGB_BUCKET": cluster.storage.bucket,
+            "PGB_REGION": cluster.storage.region,
+            "PGB_PREFIX": PREFIX,
+            "PGB_DATABASE": cluster.database.name,
+            "PGB_KEEP": str(cluster.database.backup_keep),
+        },
+    )
+
+
+def before_version_change(cluster: Cluster):
+    """A backup right now when another determined-master version is installed than the pinned
+    one (the new one migrates the schema at its first start); a failed backup stops the host
+    before the upgrade. Nothing on a first install: there is no database to keep yet."""
+    installed = host.get_fact(DebPackages).get("determined-master", ())
+    version = cluster.determined.version
+    if not installed or version in installed:
+        return None
+    return server.shell(
+        name=f"Back up the database before determined-master {', '.join(installed)} -> {version}",
+        # version is checked N.N.N by the model: nothing to quote
+        commands=[f"{PROGRAM} backup --reason before-{version}"],
+    )
+
+
+@deploy("PostgreSQL backups into MinIO")
+def apply(cluster: Cluster, node: Node) -> None:
+    # install
+    packages(["python3", "ca-certificates"], "the backup program's interpreter")
+    # Read at each run, like the settings below: a change needs no restart.
+    files.put(
+        name=f"Backup program {PROGRAM}",
+        src=str(files_path("pg_backup/pg-backup")),
+        dest=PROGRAM,
+        user="root",
+        group="root",
+        mode="755",
+    )
+
+    # configure
+    files.directory(name=CONF_DIR, path=CONF_DIR, user="root", group="root", mode="755")
+    files.put(
+        name=f"Backup settings {CONF}",
+        src=io.StringIO(conf(cluster)),
+        dest=CONF,
+        user="root",
+        group="root",
+        mode="644",
+    )
+    units = [
+        files.put(
+            name=f"Backup unit {unit}",
+            src=str(files_path(f"pg_backup/{unit}")),
+            dest=f"/etc/systemd/system/{unit}",
+            user="root",
+            group="root",
+            mode="644",
+        )
+        for unit in UNITS
+    ]
+
+    # activate
+    systemd.daemon_reload(name="Reload systemd for the backup units", _if=any_changed(*units))
+    systemd.service(
+        name="Nightly backup timer enabled and running",
+        service="pg-backup.timer",
+        running=True,
+        enabled=True,
+    )

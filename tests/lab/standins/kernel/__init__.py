@@ -1,0 +1,1 @@
+# Stand-in for the distribution archive's linux-headers-<uname -r> package (lab only).

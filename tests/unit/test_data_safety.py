@@ -1,0 +1,172 @@
+"""Data safety without a lab: MinIO's data-mount drop-in, preflight's data_dir rule, and the
+database backup program (files/pg_backup/pg-backup) against the lab's MinIO stand-in."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib.machinery
+import importlib.util
+import io
+import types
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from minio.credentials import Credentials
+from minio.signer import sign_v4_s3
+from pyinfra.context import ctx_host
+from pyinfra.facts.deb import DebPackages
+
+from deploy.cluster import load_cluster
+from roles import minio, pg_backup, preflight
+from roles.shared_ops import env_file
+from tests.unit.test_standin_minio import PASSWORD, REGION, USER, MinioProcess
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "files" / "pg_backup" / "pg-backup"
+LAB = REPO / "inventories" / "lab" / "cluster.yaml"
+
+
+def load_program() -> types.ModuleType:
+    loader = importlib.machinery.SourceFileLoader("pg_backup_program", str(PROGRAM))
+    spec = importlib.util.spec_from_loader("pg_backup_program", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+prog = load_program()
+
+
+@pytest.fixture(scope="module")
+def lab_cluster():
+    try:
+        return load_cluster(LAB)
+    except Exception as e:  # the lab's secret files exist only where the lab was built
+        pytest.skip(f"lab cluster.yaml not loadable here: {e}")
+
+
+def test_data_dir_problem_names_path_and_both_ways_out():
+    assert preflight.data_dir_problem("/mnt/data", True, False) is None
+    assert preflight.data_dir_problem("/mnt/data", False, True) is None
+    problem = preflight.data_dir_problem("/mnt/data", False, False)
+    assert problem is not None
+    assert "storage.data_dir /mnt/data is not a mount point" in problem
+    assert "mount the data disk at /mnt/data" in problem
+    assert "storage.data_on_root_disk: true" in problem
+
+
+def test_drop_in_requires_the_mount(lab_cluster):
+    text = minio.data_mount_drop_in(lab_cluster)
+    assert "RequiresMountsFor=/mnt/data\n" in text
+    assert "AssertPathIsMountPoint=/mnt/data\n" in text
+    root_disk = type(lab_cluster.storage)(**{**vars(lab_cluster.storage), "data_on_root_disk": True})
+    cluster = type(lab_cluster)(**{**vars(lab_cluster), "storage": root_disk})
+    text = minio.data_mount_drop_in(cluster)
+    assert "RequiresMountsFor=/mnt/data\n" in text and "\nAssertPathIsMountPoint=" not in text
+
+
+def test_backup_conf_holds_no_secret(lab_cluster):
+    text = pg_backup.conf(lab_cluster)
+    assert lab_cluster.storage.secret_key.value not in text
+    assert lab_cluster.storage.access_key.value not in text
+    assert 'PGB_PREFIX="backups/postgresql/"' in text and 'PGB_KEEP="14"' in text
+
+
+def test_read_env_undoes_env_file_escapes(tmp_path):
+    tricky = 'a"b\\c`d$e f'
+    path = tmp_path / "env"
+    path.write_text(env_file("header", {"AWS_SECRET_ACCESS_KEY": tricky, "X": "plain"}))
+    assert prog.read_env(str(path)) == {"AWS_SECRET_ACCESS_KEY": tricky, "X": "plain"}
+
+
+def test_expired_keeps_the_newest():
+    keys = [f"backups/postgresql/determined-2026110{d}T023000Z-nightly.dump" for d in range(1, 6)]
+    assert prog.expired(list(reversed(keys)), 3) == keys[:2]
+    assert prog.expired(keys[:2], 3) == []
+
+
+def test_signature_matches_minio_py():
+    now = dt.datetime(2026, 11, 30, 2, 30, tzinfo=dt.UTC)
+    payload = "a" * 64
+    ours = prog.sign(
+        "PUT", "10.0.0.1:9000", "/bucket/backups/x.dump", {}, {"content-length": 5}, payload,
+        "AKID", "SECRET", "eu-west-3", now,
+    )  # fmt: skip
+    headers = {
+        "Host": "10.0.0.1:9000",
+        "x-amz-content-sha256": payload,
+        "x-amz-date": now.strftime("%Y%m%dT%H%M%SZ"),
+        "Content-Length": "5",
+    }
+    theirs = sign_v4_s3(
+        method="PUT",
+        url=urlsplit("http://10.0.0.1:9000/bucket/backups/x.dump"),
+        region="eu-west-3",
+        headers=headers,
+        credentials=Credentials("AKID", "SECRET"),
+        content_sha256=payload,
+        date=now,
+    )
+    assert ours["authorization"] == theirs["Authorization"]
+
+
+def test_upload_list_retention_download_against_the_standin(tmp_path):
+    server = MinioProcess(tmp_path / "data", tmp_path, {
+        "MINIO_ROOT_USER": USER, "MINIO_ROOT_PASSWORD": PASSWORD, "MINIO_SITE_REGION": REGION,
+    })  # fmt: skip
+    server.wait_ready()
+    try:
+        server.client().make_bucket("ckpt", location=REGION)
+        conf = {"PGB_ENDPOINT": f"http://127.0.0.1:{server.port}", "PGB_BUCKET": "ckpt"}
+        keys = {"AWS_ACCESS_KEY_ID": USER, "AWS_SECRET_ACCESS_KEY": PASSWORD, "AWS_DEFAULT_REGION": REGION}
+        bucket = prog.Bucket(conf, keys)
+        body = tmp_path / "dump"
+        body.write_bytes(b"PGDMP" + bytes(range(256)) * 4000)
+        names = [f"backups/postgresql/db-2026113{i}T000000Z-nightly.dump" for i in range(3)]
+        for name in names:
+            with body.open("rb") as f:
+                digest = hashlib.sha256(body.read_bytes()).hexdigest()
+                bucket.request("PUT", name, body=f, size=body.stat().st_size, payload_hash=digest)
+        assert bucket.list("backups/postgresql/") == names
+        sink = io.BytesIO()
+        bucket.request("GET", names[-1], sink=sink)
+        assert sink.getvalue() == body.read_bytes()
+        for old in prog.expired(bucket.list("backups/postgresql/"), 2):
+            bucket.request("DELETE", old)
+        assert bucket.list("backups/postgresql/") == names[1:]
+        wrong = prog.Bucket(conf, {**keys, "AWS_SECRET_ACCESS_KEY": "wrong-secret"})
+        with pytest.raises(prog.Failure, match="HTTP 403"):
+            wrong.list("backups/postgresql/")
+    finally:
+        server.kill()
+
+
+def test_bad_reason_is_one_line(capsys):
+    assert prog.main(["backup", "--reason", "x; rm -rf /"]) == 1
+    assert capsys.readouterr().err.startswith("pg-backup: reason")
+
+
+class _Host:
+    def __init__(self, installed):
+        self.installed = installed
+
+    def get_fact(self, cls, **kwargs):
+        assert cls is DebPackages
+        return self.installed
+
+
+@pytest.mark.parametrize(
+    ("installed", "backed_up"),
+    [({}, False), ({"determined-master": ["0.38.0"]}, False), ({"determined-master": ["0.37.0"]}, True)],
+)
+def test_backup_only_before_another_version(monkeypatch, lab_cluster, installed, backed_up):
+    calls = []
+    monkeypatch.setattr(pg_backup.server, "shell", lambda **kw: calls.append(kw))
+    with ctx_host.use(_Host(installed)):
+        pg_backup.before_version_change(lab_cluster)
+    assert bool(calls) == backed_up
+    if backed_up:
+        assert calls[0]["commands"] == ["/usr/local/sbin/pg-backup backup --reason before-0.38.0"]
+        assert "0.37.0 -> 0.38.0" in calls[0]["name"]
