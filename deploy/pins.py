@@ -38,6 +38,8 @@ DRIVER_SUBPACKAGES = (
     "nvidia-driver-{branch}",
     "nvidia-dkms-{branch}",
     "libnvidia-compute-{branch}",
+    # nvidia-persistenced and its unit (roles/gpu_services.py turns persistence mode on).
+    "nvidia-compute-utils-{branch}",
     "nvidia-utils-{branch}",
     "nvidia-kernel-source-{branch}",
     "nvidia-modprobe",
@@ -147,6 +149,22 @@ def ofed_release(mofed_version: str) -> str:
     """5.8-3.0.7.0 -> MLNX_OFED_LINUX-5.8-3.0.7.0 (`ofed_info -s` without its trailing colon)."""
     _match(_MOFED, mofed_version, "MLNX_OFED", "5.8-3.0.7.0")
     return f"MLNX_OFED_LINUX-{mofed_version}"
+
+
+# NVIDIA's repo names the fabric manager after the driver branch and versions it like the
+# driver's meta package: nvidia-fabricmanager-515_515.65.01-1_amd64.deb. It refuses to start
+# on another driver version ("fabric manager NVIDIA GPU driver interface version X don't match
+# with driver version Y"), so it is pinned from the driver's version, never set on its own.
+FABRICMANAGER_REVISION = "1"
+
+
+def fabricmanager_pins(driver_version: str) -> PinSet:
+    """515.65.01 -> nvidia-fabricmanager-515=515.65.01-1 (NVSwitch nodes only)."""
+    branch = driver_branch(driver_version)
+    return PinSet(
+        name="nvidia-fabricmanager",
+        packages=((f"nvidia-fabricmanager-{branch}", f"{driver_version}-{FABRICMANAGER_REVISION}"),),
+    )
 
 
 def all_pins(versions) -> tuple[PinSet, ...]:

@@ -21,6 +21,7 @@ from roles import (
     determined_master,
     docker,
     firewall,
+    gpu_services,
     hosts,
     ipoib,
     minio,
@@ -50,13 +51,17 @@ def run() -> None:
     hosts.apply(cluster=cluster, node=node)
     ipoib.apply(cluster=cluster, node=node)
     firewall.apply(cluster=cluster, node=node)
+    # Before the driver: its DKMS build makes nvidia-peermem only against MLNX_OFED's RDMA
+    # headers (NVIDIA's GPUDirect RDMA docs: a driver installed first must be reinstalled).
+    mofed.apply(cluster=cluster, node=node)
     if "agent" in roles:
         nvidia_driver.apply(cluster=cluster, node=node)
+    if "agent" in roles:
+        gpu_services.apply(cluster=cluster, node=node)
     if "agent" in roles:
         cuda.apply(cluster=cluster, node=node)
     if "agent" in roles:
         nccl.apply(cluster=cluster, node=node)
-    mofed.apply(cluster=cluster, node=node)
     if "storage" in roles:
         minio.apply(cluster=cluster, node=node)
     if "master" in roles:

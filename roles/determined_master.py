@@ -16,6 +16,8 @@ activate:  enabled and running; restarted only when its configuration changed an
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
@@ -31,8 +33,36 @@ DROP_IN = "/etc/systemd/system/determined-master.service.d/10-s3.conf"
 SERVICE = "determined-master.service"
 
 
+def trial_endpoint(cluster: Cluster) -> str:
+    """storage.endpoint_url as trial containers can reach it: with the storage node's address
+    where it names the node by hostname.
+
+    Determined hands master.yaml's checkpoint_storage to every trial (it is the experiments'
+    default) and its S3 config has no second, container-side endpoint. A single-agent trial
+    runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/hosts.py),
+    so a node's hostname does not resolve there. https stays as written: the certificate
+    names the host, not the address.
+    """
+    url = cluster.storage.endpoint_url.rstrip("/")
+    parts = urlsplit(url)
+    node = cluster.storage_node
+    names = {
+        node.hostname.lower(): node.address,
+        f"{node.hostname}-{node.ipoib_interface}".lower(): node.ipoib_address,
+    }
+    address = names.get((parts.hostname or "").rstrip(".").lower())
+    if parts.scheme != "http" or address is None:
+        return url
+    netloc = f"{address}:{parts.port}" if parts.port is not None else str(address)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def master_yaml(cluster: Cluster) -> str:
     storage = cluster.storage
+    determined = cluster.determined
+    agents = cluster.agents
+    # One name for every agent (deploy/cluster/rules.py refuses agents that differ).
+    fabric = agents[0].ipoib_interface if agents else cluster.network.ipoib.interface
     return render(
         "determined/master.yaml.j2",
         port=cluster.master_port,
@@ -42,8 +72,11 @@ def master_yaml(cluster: Cluster) -> str:
         access_key=storage.access_key.value,
         secret_key=storage.secret_key.value,
         # Determined joins endpoint and key itself; a trailing slash gives "//key" requests.
-        endpoint_url=storage.endpoint_url.rstrip("/"),
-        admin_password=cluster.determined.admin_password.value,
+        endpoint_url=trial_endpoint(cluster),
+        admin_password=determined.admin_password.value,
+        image=determined.task_image,
+        shm_size_bytes=determined.shm_size_bytes,
+        fabric_interface=fabric,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from deploy.cluster import checks
+from deploy.cluster import checks, images
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -331,6 +331,29 @@ class Database:
 
 
 @dataclass(frozen=True)
+class TaskImage:
+    # Determined 0.38's own default (determinedai/pytorch-ngc:0.38.0) is CUDA 12.4: driver 515
+    # cannot run it. The defaults are Determined's CUDA 11.3 images, by tag (deploy/cluster/images.py).
+    gpu: Annotated[
+        str,
+        Key(
+            images.image_ref,
+            images.DEFAULT_GPU_IMAGE,
+            "the image of GPU trials (task_container_defaults.image.cuda); the default has no "
+            "public digest: pin it, see below",
+        ),
+    ]
+    cpu: Annotated[
+        str,
+        Key(
+            images.image_ref,
+            images.DEFAULT_CPU_IMAGE,
+            "the image of CPU-only tasks (task_container_defaults.image.cpu); pin it likewise",
+        ),
+    ]
+
+
+@dataclass(frozen=True)
 class Determined:
     version: Annotated[str, _pinned("0.38.0", "the Determined release")]
     admin_password: Annotated[
@@ -358,6 +381,16 @@ class Determined:
         ),
     ]
     slot_type: Annotated[str, Key(checks.choice(SLOT_TYPES), "cuda", "what a slot of an agent is")]
+    task_image: Annotated[TaskImage, Section()]
+    # Determined's own default (DefaultTaskContainerDefaults); Docker's is 64 MiB.
+    shm_size_bytes: Annotated[
+        int,
+        Key(
+            checks.integer(67108864),
+            4294967296,
+            "/dev/shm of each trial container (task_container_defaults.shm_size_bytes)",
+        ),
+    ]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from deploy.cluster import checks
+from deploy.cluster import checks, images
 from deploy.cluster.keys import (
     ArtifactKey,
     Key,
@@ -38,6 +38,7 @@ from deploy.cluster.model import (
     Sources,
     Ssh,
     Storage,
+    TaskImage,
     Versions,
 )
 from deploy.cluster.reader import (
@@ -101,7 +102,7 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     storage_map = open_section(top, Cluster, "storage")
     storage_values = read(storage_map, Storage, {"host": master_host})
     storage_host = storage_values["host"]
-    determined = _determined(r, top)
+    determined = _determined(r, top, versions)
     roleless: list[tuple[str, object]] = []
     nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless)
     storage = _storage(r, storage_map, storage_values)
@@ -127,6 +128,7 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
                     "the node has no role: list agent, or name it in master_host or storage.host",
                 )
     _port_clashes(r, ssh, master_host, values["master_port"], storage_host, storage, database)
+    _agent_interfaces(r, nodes)
 
     if r.problems:
         return None
@@ -318,8 +320,15 @@ def _determined_tag(r: Reader, sources: Sources, determined: Determined) -> None
             )
 
 
-def _determined(r: Reader, top: Map) -> Determined:
-    values = read(open_section(top, Cluster, "determined"), Determined)
+def _determined(r: Reader, top: Map, versions: Versions) -> Determined:
+    m = open_section(top, Cluster, "determined")
+    values = read(m, Determined)
+    image_values = read(open_section(m, Determined, "task_image"), TaskImage)
+    for name, ref in image_values.items():
+        why = images.too_new(ref, versions.nvidia_driver) if ref and versions.nvidia_driver else None
+        if why is not None:
+            r.bad(f"determined.task_image.{name}", ref, why)
+    values["task_image"] = TaskImage(**image_values)
     admin = values["admin_password"]
     if admin is not None and admin.resolved:
         missing = _password_policy(admin.value)
@@ -467,3 +476,23 @@ def _port_clashes(
             taken[(host, port)] = key
         elif {other, key} != {"storage.port", "storage.console_port"}:  # reported already
             r.bad(key, port, f"clashes with {other} on {host}: each service needs its own port")
+
+
+def _agent_interfaces(r: Reader, nodes: tuple[Node, ...] | None) -> None:
+    """Determined's dtrain_network_interface (and the NCCL/Gloo interface) is one name for every
+    trial container: task_container_defaults has no per-agent value, and every agent here is
+    in one resource pool (determined.resource_pool)."""
+    agents = [(i, n) for i, n in enumerate(nodes or ()) if "agent" in n.roles and n.ipoib_interface]
+    if not agents:
+        return
+    first = agents[0][1]
+    for i, n in agents[1:]:
+        if n.ipoib_interface != first.ipoib_interface:
+            r.bad(
+                f"nodes[{i}].ipoib_interface",
+                n.ipoib_interface,
+                f"differs from agent {first.hostname}'s {first.ipoib_interface}: Determined's "
+                "dtrain_network_interface names one interface for all agents; rename the "
+                "interfaces alike (udev) or give the agents one name",
+            )
+            return

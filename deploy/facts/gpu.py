@@ -45,3 +45,66 @@ class GpuMigModes(FactBase):
 
     def process(self, output):
         return parse_mig_modes(output)
+
+
+# NVSwitches are PCI devices of NVIDIA's vendor id with class 0x068000 ("bridge, other"): the
+# test NVIDIA's go-nvlib (pkg/nvpci: PCINvSwitchClass) and NCCL (ncclDeviceType) make. It reads
+# the hardware, so it answers before the driver is loaded (a first deploy plans before the
+# driver's reboot), unlike /proc/driver/nvidia-nvswitch/devices, which the loaded driver fills.
+NVIDIA_PCI_VENDOR = "0x10de"
+NVSWITCH_PCI_CLASS = "0x068000"
+PCI_DEVICES = "/sys/bus/pci/devices"
+
+
+def parse_nvswitches(lines) -> list[str]:
+    """`ADDRESS VENDOR CLASS` lines -> the sorted PCI addresses of NVIDIA NVSwitches."""
+    found = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        address, vendor, pci_class = parts
+        if vendor.lower() == NVIDIA_PCI_VENDOR and pci_class.lower() == NVSWITCH_PCI_CLASS:
+            found.append(address)
+    return sorted(found)
+
+
+def nvswitch_command(devices: str = PCI_DEVICES) -> str:
+    return (
+        f"for d in {devices}/*; do "
+        '[ -r "$d/vendor" ] && [ -r "$d/class" ] && echo "${d##*/} $(cat "$d/vendor") $(cat "$d/class")"; '
+        "done; true"
+    )
+
+
+class NvSwitches(FactBase):
+    """PCI addresses of the node's NVSwitches ([] on a node without any)."""
+
+    def command(self):
+        return nvswitch_command()
+
+    @staticmethod
+    def default():
+        return []
+
+    def process(self, output):
+        return parse_nvswitches(output)
+
+
+class GpuPersistence(FactBase):
+    """{gpu index: "Enabled" | "Disabled"}; {} without a working nvidia-smi (driver not loaded)."""
+
+    def command(self):
+        return "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader 2>/dev/null || true"
+
+    @staticmethod
+    def default():
+        return {}
+
+    def process(self, output):
+        modes = {}
+        for line in output:
+            index, _, mode = line.partition(",")
+            if index.strip().isdigit() and mode.strip():
+                modes[int(index)] = mode.strip()
+        return modes

@@ -159,10 +159,13 @@ def test_plan_follows_the_articles_checklist():
         ("hosts", None),
         ("ipoib", None),
         ("firewall", None),
+        # MLNX_OFED before the driver (the article has it after): NVIDIA's GPUDirect RDMA
+        # docs build nvidia-peermem only against an installed MLNX_OFED.
+        ("mofed", None),
         ("nvidia_driver", "agent"),
+        ("gpu_services", "agent"),
         ("cuda", "agent"),
         ("nccl", "agent"),
-        ("mofed", None),
         ("minio", "storage"),
         ("postgresql", "master"),
         ("pg_backup", "master"),

@@ -67,6 +67,7 @@ def test_driver_pins_are_nvidias_exact_builds():
         "nvidia-driver-515=515.65.01-0ubuntu1",
         "nvidia-dkms-515=515.65.01-0ubuntu1",
         "libnvidia-compute-515=515.65.01-0ubuntu1",
+        "nvidia-compute-utils-515=515.65.01-0ubuntu1",
         "nvidia-utils-515=515.65.01-0ubuntu1",
         "nvidia-kernel-source-515=515.65.01-0ubuntu1",
         "nvidia-modprobe=515.65.01-0ubuntu1",

@@ -144,13 +144,17 @@ def test_master_yaml_values(cluster):
         "bucket": "det-checkpoints",
         "access_key": NASTY["T_ACCESS"],
         "secret_key": NASTY["T_SECRET"],
-        "endpoint_url": "http://m1:9000",
+        "endpoint_url": "http://127.0.0.1:9000",  # m1's address: trials on the bridge network
         "save_experiment_best": 0,
         "save_trial_best": 1,
         "save_trial_latest": 1,
     }
     assert config["security"] == {"initial_user_password": NASTY["T_ADMIN"]}
-    assert config["task_container_defaults"] == {"environment_variables": ["AWS_DEFAULT_REGION=us-east-1"]}
+    assert config["task_container_defaults"]["environment_variables"] == [
+        "AWS_DEFAULT_REGION=us-east-1",
+        "NCCL_SOCKET_IFNAME=ib0",
+        "GLOO_SOCKET_IFNAME=ib0",
+    ]
 
 
 def test_master_yaml_prefix_and_region(make_cluster):
@@ -158,7 +162,7 @@ def test_master_yaml_prefix_and_region(make_cluster):
         determined_master.master_yaml(make_cluster(prefix="team-a/ckpt", region="eu-central-1"))
     )
     assert config["checkpoint_storage"]["prefix"] == "team-a/ckpt"
-    assert config["task_container_defaults"]["environment_variables"] == ["AWS_DEFAULT_REGION=eu-central-1"]
+    assert config["task_container_defaults"]["environment_variables"][0] == "AWS_DEFAULT_REGION=eu-central-1"
 
 
 def test_agent_yaml(cluster):

@@ -68,6 +68,25 @@ HINTS: dict[str, Hint] = {
         "NVIDIA driver version mismatch, or nvidia-smi fails / sees no GPU",
         REDEPLOY + " (pinned cuda-drivers), then reboot {node} if it asks; `nvidia-smi`",
     ),
+    "test_persistence_mode_on_every_gpu": Hint(
+        "persistence mode off: the first CUDA call of every trial waits for the driver to "
+        "initialise the GPUs (seconds each), and the GPUs' state is lost between jobs",
+        "`systemctl status nvidia-persistenced` on {node} (its drop-in removes "
+        "--no-persistence-mode); " + REDEPLOY,
+    ),
+    "test_fabric_manager_matches_nvswitches": Hint(
+        "NVSwitch node without a running fabric manager: CUDA fails with error 802 "
+        "(system not ready) while nvidia-smi looks healthy; or a fabric manager on a node "
+        "without NVSwitches",
+        "`systemctl status nvidia-fabricmanager` and `journalctl -u nvidia-fabricmanager` on "
+        "{node} (a driver version mismatch names both versions); " + REDEPLOY,
+    ),
+    "test_nvidia_peermem_loads_at_boot": Hint(
+        "nvidia-peermem is not loaded at boot: NCCL falls back from GPUDirect RDMA to copies "
+        "through host memory",
+        REDEPLOY + "; `modinfo nvidia-peermem` on {node} (missing: the driver was built before "
+        "MLNX_OFED, reinstall the driver packages)",
+    ),
     "test_no_driver_reboot_pending": Hint(
         "a new driver is installed but the old kernel module is still loaded",
         "reboot {node} (`cat /run/reboot-required.pkgs`), then verify again",
@@ -201,6 +220,12 @@ HINTS: dict[str, Hint] = {
         "master.yaml has unknown keys (e.g. the article's checkpoint_storage.region: the master "
         "refuses to start) or differs from cluster.yaml",
         REDEPLOY + "; never add `region:` to checkpoint_storage (set AWS_DEFAULT_REGION)",
+    ),
+    "test_master_task_container_defaults": Hint(
+        "the running master hands trials other task_container_defaults (image, fabric interface, "
+        "/dev/infiniband, IPC_LOCK, shm) or checkpoint endpoint than cluster.yaml gives: "
+        "master.yaml changed without a restart, or was edited by hand",
+        REDEPLOY + " (it restarts the master when master.yaml changed)",
     ),
     "test_docker_with_nvidia_runtime": Hint(
         "Docker missing, older than 20.10, or without the nvidia runtime",

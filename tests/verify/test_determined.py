@@ -12,6 +12,7 @@ import json
 
 import yaml
 
+from roles.determined_master import master_yaml, trial_endpoint
 from roles.postgresql import MIN_MAJOR, RoleVerifier, password_matches
 from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url
 from tests.verify.test_storage import parse_env_file
@@ -222,9 +223,8 @@ def test_master_yaml(master, host_of, cluster):
     storage = config["checkpoint_storage"]
     assert storage["type"] == "s3" and storage["bucket"] == cluster.storage.bucket
     assert not storage["endpoint_url"].endswith("/")
-    assert config["task_container_defaults"]["environment_variables"] == [
-        f"AWS_DEFAULT_REGION={cluster.storage.region}"
-    ]
+    assert config["task_container_defaults"] == expected_task_container_defaults(cluster)
+    assert storage["endpoint_url"] == trial_endpoint(cluster)
     # The keys Determined's trial containers use are the ones the master's service has.
     env = parse_env_file(h.file("/etc/determined/master-s3.env").content_string)
     same = (
@@ -232,6 +232,47 @@ def test_master_yaml(master, host_of, cluster):
         and storage["secret_key"] == env["AWS_SECRET_ACCESS_KEY"]
     )
     assert same, "checkpoint_storage keys in master.yaml differ from master-s3.env"
+
+
+def expected_task_container_defaults(cluster) -> dict:
+    """What roles/determined_master.py writes (master.yaml.j2), from cluster.yaml."""
+    return yaml.safe_load(master_yaml(cluster))["task_container_defaults"]
+
+
+def _as_written(held: dict) -> dict:
+    """The real master reports its parsed config (Config.Printable): a plain environment list
+    becomes RuntimeItems {cpu, cuda, rocm} (each the list), a device gains mode "mrw"."""
+    held = dict(held)
+    env = held.get("environment_variables")
+    if isinstance(env, dict) and env.get("cpu") == env.get("cuda"):
+        held["environment_variables"] = env.get("cuda")
+    devices = held.get("devices")
+    if isinstance(devices, list):
+        held["devices"] = [
+            {k: v for k, v in d.items() if (k, v) != ("mode", "mrw")} if isinstance(d, dict) else d
+            for d in devices
+        ]
+    return held
+
+
+def test_master_task_container_defaults(cluster):
+    """The configuration the running master holds (GET /api/v1/master/config), not the file:
+    a master that was not restarted after a change still hands trials the old values."""
+    url = _master_url(cluster)
+    status, body = _http(
+        f"{url}/api/v1/auth/login",
+        {"username": "admin", "password": cluster.determined.admin_password.value},
+    )
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    status, body = _http(f"{url}/api/v1/master/config", token=body["token"])
+    assert status == 200, f"GET /api/v1/master/config -> {status}"
+    config = body["config"]
+    held = _as_written(config.get("task_container_defaults") or {})
+    expected = expected_task_container_defaults(cluster)
+    differ = sorted(k for k, v in expected.items() if held.get(k) != v)
+    assert differ == [], f"the master's task_container_defaults differ in {differ}"
+    endpoint = (config.get("checkpoint_storage") or {}).get("endpoint_url")
+    assert endpoint == trial_endpoint(cluster), f"the master hands trials endpoint_url {endpoint}"
 
 
 # --- agents -------------------------------------------------------------------------------

@@ -7,17 +7,19 @@ deploy installs from.
 import shlex
 
 from deploy.facts.fabric import parse_ibstat
+from deploy.facts.gpu import nvswitch_command, parse_nvswitches
 from deploy.pins import (
     CUDA_LINK,
     all_pins,
     cuda_home,
     cuda_major_minor,
     driver_pins,
+    fabricmanager_pins,
     nccl_library,
     nccl_version_code,
     ofed_release,
 )
-from roles import kernel
+from roles import gpu_services, kernel
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 
@@ -46,6 +48,36 @@ def test_nouveau_blacklisted(agent, host_of):
     lines = [line.strip() for line in conf.content_string.splitlines()]
     assert "blacklist nouveau" in lines
     assert "options nouveau modeset=0" in lines
+
+
+def test_persistence_mode_on_every_gpu(agent, host_of):
+    out = host_of(agent).check_output("nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader")
+    modes = dict(line.split(", ", 1) for line in out.splitlines() if line.strip())
+    assert modes, "nvidia-smi lists no GPU"
+    off = sorted(i for i, mode in modes.items() if mode != "Enabled")
+    assert not off, f"persistence mode off on GPU {', '.join(off)}"
+
+
+def test_fabric_manager_matches_nvswitches(agent, host_of, cluster):
+    # Active at the driver's exact version where NVSwitches are, absent elsewhere (there it
+    # can only fail: NV_WARN_NOTHING_TO_DO).
+    h = host_of(agent)
+    switches = parse_nvswitches(h.check_output(nvswitch_command()).splitlines())
+    ((package, version),) = fabricmanager_pins(cluster.versions.nvidia_driver).packages
+    pkg = h.package(package)
+    if not switches:
+        assert not pkg.is_installed, f"{package} installed on a node without NVSwitches"
+        return
+    assert pkg.is_installed and pkg.version == version, f"{package} {pkg.version} (pinned {version})"
+    service = h.service(gpu_services.FABRICMANAGER)
+    assert service.is_running, f"{gpu_services.FABRICMANAGER} is not active ({len(switches)} NVSwitches)"
+    assert service.is_enabled, f"{gpu_services.FABRICMANAGER} is not enabled"
+
+
+def test_nvidia_peermem_loads_at_boot(agent, host_of):
+    conf = host_of(agent).file(gpu_services.PEERMEM)
+    assert conf.is_file, f"{gpu_services.PEERMEM} is missing"
+    assert "nvidia-peermem" in [line.strip() for line in conf.content_string.splitlines()]
 
 
 def test_cuda_link_resolves_to_pinned_toolkit(agent, host_of, cluster):

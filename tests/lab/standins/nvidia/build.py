@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 
 from tests.lab.debs import Symlink
-from tests.lab.standins import compile_shared_library, render, source
+from tests.lab.standins import compile_shared_library, render, render_from, source
 
 DRIVER_RELEASES = (
     # (branch, driver version, CUDA version reported by nvidia-smi)
@@ -184,6 +184,8 @@ exit 0
         extra_control={"Section": "utils"},
     )
 
+    build_driver_services(ctx, branch, version)
+
     ctx.build_deb(
         pool,
         f"nvidia-driver-{branch}",
@@ -195,6 +197,7 @@ exit 0
             f"nvidia-utils-{branch} {exact}",
             f"nvidia-kernel-source-{branch} {exact}",
             f"nvidia-modprobe (>= {version})",
+            f"nvidia-compute-utils-{branch} {exact}",
         ],
         description=f"NVIDIA driver metapackage{STANDIN_NOTE}",
         extra_control={**_exclusive("nvidia-driver-binary"), "Section": "non-free/libs"},
@@ -224,6 +227,62 @@ exit 0
         depends=[f"cuda-drivers-{branch} (= {meta})"],
         description=f"CUDA Driver meta-package, branch-agnostic{STANDIN_NOTE}",
         extra_control={"Section": "multiverse/devel"},
+    )
+
+
+def build_driver_services(ctx, branch: str, version: str) -> None:
+    """nvidia-compute-utils-<B> (nvidia-persistenced, Ubuntu's unit: persistence mode off) at
+    the driver's sub-package version, and nvidia-fabricmanager-<B> at <version>-1 (NVIDIA's
+    repo: nvidia-fabricmanager-515_515.65.01-1_amd64.deb), which refuses another driver."""
+    subs = {"VERSION": version, "BRANCH": branch}
+    postinst = """#!/bin/sh
+# Stands in for nvidia-compute-utils' postinst: the daemon's system user; lab only.
+set -e
+if [ "$1" = configure ] && ! getent passwd nvidia-persistenced >/dev/null; then
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nvidia-persistenced
+fi
+exit 0
+"""
+    ctx.build_deb(
+        ctx.cuda_pool,
+        f"nvidia-compute-utils-{branch}",
+        f"{version}-0ubuntu1",
+        {
+            "/usr/bin/nvidia-persistenced": (
+                _sh(render_from(source("nvidia/nvidia-persistenced.sh"), subs)),
+                0o755,
+            ),
+            "/lib/systemd/system/nvidia-persistenced.service": (
+                render_from(source("nvidia/nvidia-persistenced.service"), subs).encode(),
+                0o644,
+            ),
+        },
+        depends=[f"libnvidia-compute-{branch} (= {version}-0ubuntu1)"],
+        description=f"NVIDIA compute utilities{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-compute-utils"), "Section": "non-free/libs"},
+        scripts={"postinst": postinst},
+    )
+    ctx.build_deb(
+        ctx.cuda_pool,
+        f"nvidia-fabricmanager-{branch}",
+        f"{version}-1",
+        {
+            "/usr/bin/nv-fabricmanager": (
+                _sh(render_from(source("nvidia/nv-fabricmanager.sh"), subs)),
+                0o755,
+            ),
+            "/lib/systemd/system/nvidia-fabricmanager.service": (
+                render_from(source("nvidia/nvidia-fabricmanager.service"), subs).encode(),
+                0o644,
+            ),
+            "/usr/share/nvidia/nvswitch/fabricmanager.cfg": (
+                b"# lab stand-in: the real file configures logging, ports and fabric mode\n"
+                b"LOG_LEVEL=4\nFABRIC_MODE=0\n",
+                0o644,
+            ),
+        },
+        description=f"Fabric Manager for NVSwitch based systems{STANDIN_NOTE}",
+        extra_control={**_exclusive("nvidia-fabricmanager"), "Section": "multiverse/devel"},
     )
 
 

@@ -209,8 +209,23 @@ def driver_state():
     return None
 
 
-def persistence_enabled():
-    return os.path.exists(os.path.join(RUN_DIR, "persistence-mode"))
+PERSISTENCE_FILE = "persistence-mode"
+
+
+def persistence_on(topo):
+    """Bus ids with persistence mode on. /run/nvidia-standin/persistence-mode: missing = none,
+    empty = every GPU (what the nvidia-persistenced stand-in writes), else one bus id a line."""
+    path = os.path.join(RUN_DIR, PERSISTENCE_FILE)
+    try:
+        with open(path) as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        return set()
+    return set(lines) if lines else {g["bus_id"] for g in topo["gpus"]}
+
+
+def persistence_enabled(g):
+    return g["bus_id"] in persistence_on(load_topology())
 
 
 def gpu_metrics(g):
@@ -224,7 +239,6 @@ def short_name(name):
 
 
 def table(topo):
-    pm = "On" if persistence_enabled() else "Off"
     lines = [time.strftime("%a %b %e %H:%M:%S %Y") + "       "]
     sep = "+-------------------------------+----------------------+----------------------+"
     full = "+-----------------------------------------------------------------------------+"
@@ -238,6 +252,7 @@ def table(topo):
     lines.append("|===============================+======================+======================|")
     for g in topo["gpus"]:
         m = gpu_metrics(g)
+        pm = "On" if persistence_enabled(g) else "Off"
         lines.append(
             f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} | {g['bus_id']:<16} Off | {'0':>20} |"
         )
@@ -283,7 +298,7 @@ def _fields(topo):
         "persistence_mode": (
             "persistence_mode",
             None,
-            lambda g: "Enabled" if persistence_enabled() else "Disabled",
+            lambda g: "Enabled" if persistence_enabled(g) else "Disabled",
         ),
         "pstate": ("pstate", None, lambda g: "P0"),
         "vbios_version": ("vbios_version", None, lambda g: "92.00.36.00.01"),
@@ -377,7 +392,7 @@ def nvsmi_log(topo):
             f"GPU {g['bus_id']}",
             f"    Product Name                          : {g['name']}",
             "    Persistence Mode                      : "
-            + ("Enabled" if persistence_enabled() else "Disabled"),
+            + ("Enabled" if persistence_enabled(g) else "Disabled"),
             f"    GPU UUID                              : {g['uuid']}",
             "    FB Memory Usage",
             f"        Total                             : {g['memory_mib']} MiB",
@@ -388,7 +403,7 @@ def nvsmi_log(topo):
     return "\n".join(out) + "\n"
 
 
-def set_persistence(topo, value):
+def set_persistence(topo, value, every_gpu):
     if value not in ("0", "1", "ENABLED", "DISABLED"):
         return EXIT_INVALID_ARG, "", MSG_INVALID
     if os.geteuid() != 0 and "DTLAB_STANDIN_RUN_DIR" not in os.environ:
@@ -398,12 +413,18 @@ def set_persistence(topo, value):
         ]
         return EXIT_NO_PERMISSION, "", "".join(lines)
     enable = value in ("1", "ENABLED")
-    flag = os.path.join(RUN_DIR, "persistence-mode")
-    if enable:
+    flag = os.path.join(RUN_DIR, PERSISTENCE_FILE)
+    chosen = {g["bus_id"] for g in topo["gpus"]}
+    current = persistence_on(every_gpu)
+    on = current | chosen if enable else current - chosen
+    if not on:
+        if os.path.exists(flag):
+            os.remove(flag)
+    else:
         os.makedirs(RUN_DIR, exist_ok=True)
-        open(flag, "w").close()
-    elif os.path.exists(flag):
-        os.remove(flag)
+        every = {g["bus_id"] for g in every_gpu["gpus"]}
+        with open(flag, "w") as f:
+            f.write("" if on == every else "".join(b + "\n" for b in sorted(on)))
     word = "Enabled" if enable else "Disabled"
     return 0, "".join(f"{word} persistence mode for GPU {g['bus_id']}.\n" for g in topo["gpus"]), ""
 
@@ -506,7 +527,7 @@ def main(argv):
         sys.stdout.write(nvsmi_log(chosen))
         return 0
     if command == "pm":
-        code, out, err = set_persistence(chosen, opts["-pm"].upper())
+        code, out, err = set_persistence(chosen, opts["-pm"].upper(), topo)
     else:
         code, out, err = query(topo, opts["--query-gpu"], opts["--format"], opts.get("-i"))
     sys.stdout.write(out)

@@ -1,0 +1,37 @@
+#!/bin/sh
+# Stands in for NVIDIA's nv-fabricmanager @VERSION@ (package nvidia-fabricmanager-@BRANCH@); lab only.
+# Refuses as the real one does, exit 1 so that nvidia-fabricmanager.service fails:
+# - a loaded driver of another version: "fabric manager NVIDIA GPU driver interface version X
+#   don't match with driver version Y. Please update with matching NVIDIA driver package."
+#   (NVIDIA/gpu-operator#544, siderolabs/pkgs#720);
+# - no NVSwitch: "request to query NVSwitch device information from NVSwitch driver failed
+#   with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]" (NVIDIA/gpu-operator#610).
+# NVSwitches are NVIDIA PCI devices of class 0x068000, read from sysfs as the deploy does.
+RUN_DIR="${DTLAB_STANDIN_RUN_DIR:-/run/nvidia-standin}"
+PCI_DEVICES="${DTLAB_STANDIN_PCI_DEVICES:-/sys/bus/pci/devices}"
+PID_FILE="${DTLAB_STANDIN_FM_PID:-/var/run/nvidia-fabricmanager/nv-fabricmanager.pid}"
+loaded="$(cat "$RUN_DIR/loaded-version" 2>/dev/null)"
+if [ -z "$loaded" ]; then
+  # No source for the real message here: the stand-in says what it is.
+  echo "nv-fabricmanager (lab stand-in): no NVIDIA driver is loaded" >&2
+  exit 1
+fi
+if [ "$loaded" != "@VERSION@" ]; then
+  echo "fabric manager NVIDIA GPU driver interface version @VERSION@ don't match with driver version $loaded. Please update with matching NVIDIA driver package." >&2
+  exit 1
+fi
+switches=0
+for d in "$PCI_DEVICES"/*; do
+  [ -r "$d/vendor" ] && [ -r "$d/class" ] || continue
+  if [ "$(cat "$d/vendor")" = 0x10de ] && [ "$(cat "$d/class")" = 0x068000 ]; then
+    switches=$((switches + 1))
+  fi
+done
+if [ "$switches" = 0 ]; then
+  echo "request to query NVSwitch device information from NVSwitch driver failed with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]" >&2
+  exit 1
+fi
+mkdir -p "$(dirname "$PID_FILE")"
+( while :; do sleep 3600 & wait $!; done ) </dev/null >/dev/null 2>&1 &
+echo $! > "$PID_FILE"
+exit 0

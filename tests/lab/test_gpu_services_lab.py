@@ -1,0 +1,50 @@
+"""Persistence mode, nvidia-persistenced and nvidia-peermem on the lab's agents.
+
+Persistence mode switched off by hand on one agent turns exactly that node's persistence cell
+red in verify; a deploy turns it on again and a second deploy changes nothing. The lab's nodes
+show no NVSwitch on their PCI bus (their sysfs is the controller's), so the fabric manager row
+checks that none is installed.
+"""
+
+import xml.etree.ElementTree as ET
+
+from .conftest import run_verify
+
+PERSISTENCE_CELL = "test_gpu_stack::test_persistence_mode_on_every_gpu"
+
+
+def failing_cells(junit_path) -> set[str]:
+    cells = set()
+    for case in ET.parse(junit_path).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            module = case.get("classname").rsplit(".", 1)[-1]
+            cells.add(f"{module}::{case.get('name')}")
+    return cells
+
+
+def test_persistenced_runs_with_persistence_mode(deployed, lab, lab_ssh):
+    for agent in lab.agents:
+        h = agent.hostname
+        assert lab_ssh(h, "systemctl is-active nvidia-persistenced").stdout.strip() == "active"
+        modes = lab_ssh(h, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").stdout.split()
+        assert modes and set(modes) == {"Enabled"}, (h, modes)
+        assert (
+            lab_ssh(h, "dpkg-query -W -f='${Status}' nvidia-fabricmanager-515", check=False).returncode != 0
+        )
+
+
+def test_persistence_off_turns_its_cell_red_and_a_deploy_repairs_it(deployed, lab, lab_ssh, deploy, tmp_path):
+    node = "lab-gpu2"
+    lab_ssh(node, "nvidia-smi -pm 0 >/dev/null")
+    junit = tmp_path / "verify.xml"
+    result = run_verify("-n", "4", f"--junitxml={junit}")
+    assert result.returncode != 0
+    assert failing_cells(junit) == {f"{PERSISTENCE_CELL}[{node}]"}, result.stdout[-4000:]
+
+    repair = deploy()
+    assert repair.returncode == 0, repair.stderr[-3000:]
+    assert any("Persistence mode on" in op for op in repair.changed_operations()), repair.changed_operations()
+    again = deploy()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.results["totals"]["success"] == 0, again.changed_operations()
+    assert run_verify("-n", "4").returncode == 0
