@@ -60,9 +60,13 @@ def trial_endpoint(cluster: Cluster) -> str:
 def master_yaml(cluster: Cluster) -> str:
     storage = cluster.storage
     determined = cluster.determined
-    agents = cluster.agents
-    # One name for every agent (deploy/cluster/rules.py refuses agents that differ).
-    fabric = agents[0].ipoib_interface if agents else cluster.network.ipoib.interface
+    # task_container_defaults has no per-agent value. NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+    # take a comma-separated list (NCCL's environment-variable docs; torch.distributed's docs
+    # for Gloo), so agents whose ports are named differently (nodes[].ipoib_interface) are all
+    # covered; dtrain_network_interface is one name, so it is set only when the agents agree
+    # and otherwise left to Determined's own choice.
+    names = sorted({a.ipoib_interface for a in cluster.agents}) or [cluster.network.ipoib.interface]
+    fabric = names[0] if len(names) == 1 else None
     return render(
         "determined/master.yaml.j2",
         port=cluster.master_port,
@@ -77,6 +81,7 @@ def master_yaml(cluster: Cluster) -> str:
         image=determined.task_image,
         shm_size_bytes=determined.shm_size_bytes,
         fabric_interface=fabric,
+        fabric_interfaces=",".join(names),
     )
 
 

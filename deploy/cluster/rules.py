@@ -128,7 +128,6 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
                     "the node has no role: list agent, or name it in master_host or storage.host",
                 )
     _port_clashes(r, ssh, master_host, values["master_port"], storage_host, storage, database)
-    _agent_interfaces(r, nodes)
 
     if r.problems:
         return None
@@ -476,23 +475,3 @@ def _port_clashes(
             taken[(host, port)] = key
         elif {other, key} != {"storage.port", "storage.console_port"}:  # reported already
             r.bad(key, port, f"clashes with {other} on {host}: each service needs its own port")
-
-
-def _agent_interfaces(r: Reader, nodes: tuple[Node, ...] | None) -> None:
-    """Determined's dtrain_network_interface (and the NCCL/Gloo interface) is one name for every
-    trial container: task_container_defaults has no per-agent value, and every agent here is
-    in one resource pool (determined.resource_pool)."""
-    agents = [(i, n) for i, n in enumerate(nodes or ()) if "agent" in n.roles and n.ipoib_interface]
-    if not agents:
-        return
-    first = agents[0][1]
-    for i, n in agents[1:]:
-        if n.ipoib_interface != first.ipoib_interface:
-            r.bad(
-                f"nodes[{i}].ipoib_interface",
-                n.ipoib_interface,
-                f"differs from agent {first.hostname}'s {first.ipoib_interface}: Determined's "
-                "dtrain_network_interface names one interface for all agents; rename the "
-                "interfaces alike (udev) or give the agents one name",
-            )
-            return

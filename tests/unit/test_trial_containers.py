@@ -95,6 +95,27 @@ def test_task_images_shm_and_agent_interface(tmp_path, monkeypatch):
     assert tcd["environment_variables"][1:] == ["NCCL_SOCKET_IFNAME=ibp65s0", "GLOO_SOCKET_IFNAME=ibp65s0"]
 
 
+def test_agents_with_differently_named_ports_get_every_name(tmp_path, monkeypatch):
+    def edit(doc):
+        agents = [n for n in doc["nodes"] if "agent" in n.get("roles", [])]
+        second = {
+            **agents[0],
+            "hostname": "g2",
+            "address": "127.0.0.3",
+            "ipoib_address": "10.78.9.12",
+            "ipoib_interface": "ib0",
+        }
+        agents[0]["ipoib_interface"] = "ibp65s0"
+        doc["nodes"].append(second)
+
+    tcd = rendered(cluster_from(tmp_path, monkeypatch, edit))["task_container_defaults"]
+    assert "dtrain_network_interface" not in tcd  # one name only: left to Determined
+    assert tcd["environment_variables"][1:] == [
+        "NCCL_SOCKET_IFNAME=ib0,ibp65s0",
+        "GLOO_SOCKET_IFNAME=ib0,ibp65s0",
+    ]
+
+
 def test_trial_endpoint(tmp_path, monkeypatch):
     def endpoint(url):
         def edit(doc):
