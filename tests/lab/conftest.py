@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,3 +146,14 @@ def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
         stdin=subprocess.DEVNULL,
         check=False,
     )
+
+
+def failing_cells(junit_path) -> set[str]:
+    """The verify cells ("module::test[node]") a JUnit report of `run_verify` marks failed or
+    errored: what the lab tests that break something on purpose compare with what they broke."""
+    cells = set()
+    for case in ET.parse(junit_path).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            module = case.get("classname").rsplit(".", 1)[-1]
+            cells.add(f"{module}::{case.get('name')}")
+    return cells

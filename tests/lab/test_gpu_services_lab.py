@@ -6,20 +6,9 @@ show no NVSwitch on their PCI bus (their sysfs is the controller's), so the fabr
 checks that none is installed.
 """
 
-import xml.etree.ElementTree as ET
-
-from .conftest import run_verify
+from .conftest import failing_cells, run_verify
 
 PERSISTENCE_CELL = "test_gpu_stack::test_persistence_mode_on_every_gpu"
-
-
-def failing_cells(junit_path) -> set[str]:
-    cells = set()
-    for case in ET.parse(junit_path).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            module = case.get("classname").rsplit(".", 1)[-1]
-            cells.add(f"{module}::{case.get('name')}")
-    return cells
 
 
 def test_persistenced_runs_with_persistence_mode(deployed, lab, lab_ssh):

@@ -5,20 +5,9 @@ key changed. The failing cells must be exactly the ones those breakages explain;
 then repairs all four and verify is green again.
 """
 
-import xml.etree.ElementTree as ET
-
 import pytest
 
-from .conftest import run_verify
-
-
-def failing_cells(junit_path) -> set[str]:
-    cells = set()
-    for case in ET.parse(junit_path).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            module = case.get("classname").rsplit(".", 1)[-1]
-            cells.add(f"{module}::{case.get('name')}")
-    return cells
+from .conftest import failing_cells, run_verify
 
 
 @pytest.fixture
