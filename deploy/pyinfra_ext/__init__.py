@@ -83,6 +83,19 @@ def install(state: Any, host: Any) -> bool:
     return True
 
 
+_WRAPPED_MARK = "_gpu_cluster_ext"  # on each replaced method: already wrapped, do not wrap again
+
+
+def wrap_once(owner: type, name: str, wrapper_factory) -> None:
+    """Replace owner.name with wrapper_factory(owner.name), unless it is already our wrapper
+    (deploy.py runs once per host; the factcache and ssh patches both go through here)."""
+    method = getattr(owner, name)
+    if not getattr(method, _WRAPPED_MARK, False):
+        wrapped = wrapper_factory(method)
+        setattr(wrapped, _WRAPPED_MARK, True)
+        setattr(owner, name, wrapped)
+
+
 def connection_lost(host: Any) -> bool:
     """The host's SSH transport is gone (sshd stopped, node down or rebooted mid-run).
 

@@ -45,6 +45,8 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Date
 
+from deploy.pyinfra_ext import wrap_once
+
 logger = logging.getLogger("pyinfra.gpu_cluster.factcache")  # shown by pyinfra --debug
 
 VOLATILE = (Date,)  # apt.update's cache_time compares it with "now"
@@ -59,7 +61,6 @@ MARK = "--8<-- gpu-cluster fact"
 _CACHE_ATTR = "_gpu_cluster_fact_cache"
 _WANTED_ATTR = "_gpu_cluster_facts_wanted"
 _BATCHED_ATTR = "_gpu_cluster_facts_batched"
-_WRAPPED = "_gpu_cluster_ext"  # on each replaced method: already wrapped
 
 
 def record_dir() -> Path:
@@ -468,19 +469,11 @@ def _forgetting_execute(original):
     return execute
 
 
-def _wrap(owner: type, name: str, wrapper_factory) -> None:
-    method = getattr(owner, name)
-    if not getattr(method, _WRAPPED, False):
-        wrapped = wrapper_factory(method)
-        setattr(wrapped, _WRAPPED, True)
-        setattr(owner, name, wrapped)
-
-
 def patch() -> None:
     """Idempotent: wraps Host.get_fact and the command classes' execute once per process."""
-    _wrap(Host, "get_fact", _cached_get_fact)
+    wrap_once(Host, "get_fact", _cached_get_fact)
     for cls in COMMAND_CLASSES:
-        _wrap(cls, "execute", _forgetting_execute)
+        wrap_once(cls, "execute", _forgetting_execute)
 
 
 class SaveWanted(BaseStateCallback):

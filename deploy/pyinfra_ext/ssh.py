@@ -25,10 +25,9 @@ from typing import Any
 from paramiko import SSHException
 from pyinfra.connectors.ssh import SSHConnector
 
-from deploy.pyinfra_ext import connection_lost
+from deploy.pyinfra_ext import connection_lost, wrap_once
 from deploy.sshtuning import set_nodelay
 
-_MARK = "_gpu_cluster_ext"  # on each replaced method: already wrapped, do not wrap again
 FILE_AND_COMMAND_METHODS = ("run_shell_command", "put_file", "get_file")
 
 
@@ -61,19 +60,11 @@ def _lost_connection_fails_the_host(method):
     return wrapper
 
 
-def _wrap(owner: type, name: str, wrapper_factory) -> None:
-    method = getattr(owner, name)
-    if not getattr(method, _MARK, False):
-        wrapped = wrapper_factory(method)
-        setattr(wrapped, _MARK, True)
-        setattr(owner, name, wrapped)
-
-
 def patch() -> None:
     """Idempotent: wraps SSHConnector's methods once per process."""
-    _wrap(SSHConnector, "_connect", _nodelay_after_connect)
+    wrap_once(SSHConnector, "_connect", _nodelay_after_connect)
     for name in FILE_AND_COMMAND_METHODS:
-        _wrap(SSHConnector, name, _lost_connection_fails_the_host)
+        wrap_once(SSHConnector, name, _lost_connection_fails_the_host)
 
 
 def tune(host: Any) -> None:
