@@ -22,14 +22,14 @@ import io
 import os
 
 from pyinfra import host
-from pyinfra.api import HiddenValue, StringCommand, deploy, operation
+from pyinfra.api import deploy, operation
 from pyinfra.facts.files import File
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, postgres, systemd
 from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
-from deploy.facts.postgresql import RoleVerifier, psql
+from deploy.facts.postgresql import RoleVerifier, psql_stdin
 from deploy.secrets import Secret
 from roles.scripts import script
 from roles.shared_ops import packages
@@ -119,18 +119,21 @@ def role(role: str, password: Secret, port: int = 5432):
     """A LOGIN role whose password is `password`; set only when it differs.
 
     Not pyinfra's postgres.role: that one cannot compare passwords (it sets a given one on every
-    run) and puts the password itself on psql's command line on the node."""
+    run) and puts the password itself on psql's command line on the node. Here not even the
+    verifier reaches a command line (where `ps` on the node shows it to every user): the
+    statement is uploaded over SFTP into a root-only file and fed to psql on stdin."""
     current = host.get_fact(RoleVerifier, role=role, port=port)
     if current is not None and password_matches(password.value, current):
         host.noop(f"role {role} exists with the configured password")
         return
-    verifier = scram_verifier(password.value, os.urandom(16))
     verb = "CREATE" if current is None else "ALTER"
-    sql = StringCommand(
-        f'{verb} ROLE "{role}" WITH LOGIN PASSWORD',
-        StringCommand("'", HiddenValue(verifier), "'", _separator=""),
-    )
-    yield psql(sql, port)
+    yield from psql_stdin(role_statement(verb, role, scram_verifier(password.value, os.urandom(16))), port)
+
+
+def role_statement(verb: str, role: str, verifier: str) -> bytes:
+    """`CREATE|ALTER ROLE "role" WITH LOGIN PASSWORD 'verifier'` (role names are validated to
+    a safe character set by the model; a verifier is base64 and `$:` only)."""
+    return f"{verb} ROLE \"{role}\" WITH LOGIN PASSWORD '{verifier}';\n".encode()
 
 
 @operation()

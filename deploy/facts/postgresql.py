@@ -7,7 +7,11 @@ given password on every run, on psql's command line).
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+import io
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand
 
 
 def psql(sql, port: int) -> StringCommand:
@@ -17,6 +21,19 @@ def psql(sql, port: int) -> StringCommand:
     so deploy/pyinfra_ext/factcache.py can read this fact in its one batch command per host."""
     return StringCommand(
         f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 -Atc", QuoteString(sql)
+    )
+
+
+def psql_stdin(sql: bytes, port: int):
+    """Commands that run `sql` as the postgres superuser, the statement on psql's stdin from a
+    0600 root file that exists only for this command."""
+    temp = host.get_temp_filename("determined-role.sql")
+    quoted = shlex.quote(temp)
+    yield StringCommand(f"install -m 600 /dev/null {quoted}")
+    yield FileUploadCommand(io.BytesIO(sql), temp, remote_temp_filename=host.get_temp_filename(temp))
+    yield StringCommand(
+        f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 < {quoted};"
+        f" status=$?; rm -f {quoted}; exit $status"
     )
 
 
