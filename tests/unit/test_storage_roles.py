@@ -401,13 +401,21 @@ def test_docker_runtimes_parses_nvidia_ctk_output():
 
 
 def test_role_password_never_shown():
+    from pyinfra.api import FileUploadCommand
+
     from deploy.facts.postgresql import RoleVerifier
 
     commands = run_op(postgresql.role, {RoleVerifier: None}, "determined", load_secret(NASTY["T_DB"]))
-    shown = _shown(commands)
-    assert shown.startswith("cd / && runuser -u postgres -- psql -X -q -p 5432 ")
-    assert 'CREATE ROLE "determined" WITH LOGIN PASSWORD' in shown
-    assert "*MASKED*" in shown and "SCRAM" not in shown and NASTY["T_DB"] not in shown
+    [upload] = [c for c in commands if isinstance(c, FileUploadCommand)]
+    lines = [str(c) for c in commands if not isinstance(c, FileUploadCommand)]
+    # The statement travels over SFTP into a 0600 file and reaches psql on stdin: no command
+    # line (visible to every user in `ps`) holds the password or its SCRAM verifier.
+    assert lines[0].startswith("install -m 600 /dev/null /tmp/")
+    assert "runuser -u postgres -- psql -X -q -p 5432 -v ON_ERROR_STOP=1 < /tmp/" in lines[1]
+    assert not any("ROLE" in line or "SCRAM" in line or NASTY["T_DB"] in line for line in lines)
+    sql = upload.src.getvalue().decode()
+    assert sql.startswith('CREATE ROLE "determined" WITH LOGIN PASSWORD \'SCRAM-SHA-256$4096:')
+    assert NASTY["T_DB"] not in sql
 
 
 def test_pgdg_key_only_when_missing_and_only_with_the_pinned_fingerprint(http_dir, tmp_path):
@@ -677,7 +685,12 @@ def _pg_facts(env):
 
 
 def _pg_run(env, commands, as_postgres=False):
+    from pyinfra.api import FileUploadCommand
+
     for c in commands:
+        if isinstance(c, FileUploadCommand):  # what pyinfra does over SFTP, here on this machine
+            Path(c.dest).write_bytes(c.src.getvalue())
+            continue
         text = c.get_raw_value()
         argv = _as_postgres(text) if as_postgres else ["sh", "-c", text]
         subprocess.run(argv, env=env, check=True, capture_output=True)
