@@ -31,7 +31,10 @@ class ClusterError(Exception):
         super().__init__("\n".join(self.problems))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Control characters, line/paragraph separators, and the invisible format characters (zero-width
+# spaces and joiners, bidirectional overrides, the byte-order mark) and lone surrogates: what
+# would make a problem line span lines, reorder itself or hide part of a value.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
 
 
 def one_line(text: str) -> str:

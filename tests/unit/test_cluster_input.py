@@ -277,3 +277,11 @@ def test_bench_cluster_files_are_valid(tmp_path, size):
     c = load_cluster(write(tmp_path, text))
     assert len(c.nodes) == size
     assert c.storage.endpoint_url == f"http://b{size}-master:9000"
+
+
+@pytest.mark.parametrize("char", ["\ufeff", "\u200b", "\u202e", "\u2066", "\udcff", "\x85", "\u2028"])
+def test_invisible_characters_are_escaped_in_problem_lines(char):
+    from deploy.cluster.reader import one_line
+
+    shown = one_line(f"secret{char}key")
+    assert char not in shown and shown.startswith("secret\\") and shown.endswith("key")
