@@ -10,11 +10,12 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile
 from pyinfra.facts.systemd import SystemdEnabled
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.system import FirewallRules
 from deploy.firewall import foreign_rules
+from roles.shared_ops import packages
 
 TABLES = ("filter", "nat", "mangle", "raw")
 
@@ -29,7 +30,7 @@ def flush_commands(tool: str) -> list[str]:
 
 @deploy("Firewall off")
 def apply(cluster: Cluster, node: Node) -> None:
-    apt.packages(name="iptables (for the checks)", packages=["iptables"], update=True, cache_time=3600)
+    packages(["iptables"], "iptables (for the checks)")
     if host.get_fact(FindInFile, path="/etc/ufw/ufw.conf", pattern="^ENABLED=yes"):
         server.shell(name="Disable ufw (also at boot)", commands=["ufw --force disable"])
     for unit in ("firewalld.service", "netfilter-persistent.service"):

@@ -14,12 +14,12 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import files, server
 from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.system import ManagedFiles, NetDevice, NetLinkTypes, NetplanFeatures
-from roles.shared_ops import fail
+from roles.shared_ops import fail, packages
 from roles.templates import render
 
 # include/uapi/linux/if_arp.h: the link type the IPoIB driver gives its interfaces.
@@ -124,7 +124,7 @@ def _netplan(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bo
 
 
 def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
-    apt.packages(name="ifupdown", packages=["ifupdown"], update=True, cache_time=3600)
+    packages(["ifupdown"], "ifupdown")
     files.line(
         name="interfaces sources interfaces.d",
         path="/etc/network/interfaces",
