@@ -86,7 +86,9 @@ def describe(raw: object) -> str:
             ((key, target),) = raw.items()
             if key in ("env", "file") and isinstance(target, str):
                 return str(SecretRef(key, target))
-        return "{" + ", ".join(f"{k}: ..." for k in raw) + "}"
+        # A key with an invisible character (a BOM, a zero-width space) is shown escaped.
+        shown = (k if isinstance(k, str) and k.isprintable() else repr(k) for k in raw)
+        return "{" + ", ".join(f"{k}: ..." for k in shown) + "}"
     if raw is None:
         return "None"
     if isinstance(raw, str):

@@ -31,6 +31,7 @@ from roles import (
     pg_backup,
     postgresql,
     preflight,
+    task_images,
 )
 
 
@@ -72,6 +73,8 @@ def run() -> None:
         determined_master.apply(cluster=cluster, node=node)
     if "agent" in roles:
         docker.apply(cluster=cluster, node=node)
+    if "agent" in roles:
+        task_images.apply(cluster=cluster, node=node)
     barrier(
         name="Master and storage ready before agents register", reason="every host is past the master's roles"
     )

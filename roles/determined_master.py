@@ -22,6 +22,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
+from deploy.cluster.images import site_ref
 from roles import pg_backup
 from roles.determined_common import CONFIG_DIR, install_determined
 from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
@@ -78,7 +79,9 @@ def master_yaml(cluster: Cluster) -> str:
         # Determined joins endpoint and key itself; a trailing slash gives "//key" requests.
         endpoint_url=trial_endpoint(cluster),
         admin_password=determined.admin_password.value,
-        image=determined.task_image,
+        # The references the agents pull (roles/task_images.py): via sources.registry if set.
+        image_gpu=site_ref(cluster, determined.task_image.gpu),
+        image_cpu=site_ref(cluster, determined.task_image.cpu),
         shm_size_bytes=determined.shm_size_bytes,
         fabric_interface=fabric,
         fabric_interfaces=",".join(names),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from deploy.cluster import checks, images
+from deploy.cluster import checks, hardware, images
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -217,6 +217,15 @@ class Sources:
     determined_agent: Annotated[
         Artifact, ArtifactKey("determined-agent package", ("version",), "the determined-agent .deb")
     ]
+    # images.site_ref: the references pulled from it; no credentials (docs/cluster-yaml.md).
+    registry: Annotated[
+        str | None,
+        Key(images.registry_host, None, "a site registry mirroring the task images: same path, tag, digest"),
+    ]
+    registry_ca: Annotated[
+        str | None,
+        Key(images.registry_ca_file, None, "`registry`'s CA, to /etc/docker/certs.d/<registry>/ca.crt"),
+    ]
 
     def cuda_repo_for(self, os_id: str, os_version: str) -> str:
         """NVIDIA names its repos ubuntu2004, ubuntu2204, debian12."""
@@ -391,6 +400,50 @@ class Determined:
             "/dev/shm of each trial container (task_container_defaults.shm_size_bytes)",
         ),
     ]
+    # Docker's daemon.json default-ulimits (roles/docker.py): RDMA locks its buffers.
+    memlock_bytes: Annotated[
+        int, Key(images.memlock, -1, "`ulimit -l` of every container on the agents, bytes; -1: unlimited")
+    ]
+
+
+_by_preset = hardware.preset_key  # a key whose default comes from `preset`
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What an agent node is expected to have (tests/verify/test_health.py checks it)."""
+
+    preset: Annotated[
+        str,
+        Key(
+            checks.choice(hardware.PRESET_NAMES), hardware.DEFAULT_PRESET, "fills each key below not written"
+        ),
+    ]
+    gpu_model: Annotated[str, _by_preset(hardware.gpu_name, "every GPU's name, as `nvidia-smi -L` shows it")]
+    gpu_count: Annotated[int, _by_preset(checks.integer(0, 64), "the GPUs nvidia-smi lists")]
+    gpu_memory_mib: Annotated[
+        int, _by_preset(checks.integer(1024), "each GPU's memory (MiB), less 3% at most")
+    ]
+    host_memory_gib: Annotated[
+        float | None,
+        Key(checks.number_at_least(1), None, "MemTotal (/proc/meminfo), GiB; unset: not checked"),
+    ]
+    host_memory_tolerance_pct: Annotated[
+        float, Key(hardware.tolerance_pct, 3.0, "how far MemTotal may fall below `host_memory_gib`")
+    ]
+    cpu_count: Annotated[
+        int | None, Key(checks.integer(1), None, "logical CPUs (`nproc`); unset: not checked")
+    ]
+    ib_ports: Annotated[
+        int, _by_preset(checks.integer(0, 64), "InfiniBand ports, each Active at rate and width")
+    ]
+    ib_rate_gbps: Annotated[int, _by_preset(hardware.ib_rate, "each IB port's rate, ibstat's `Rate:`")]
+    ib_width: Annotated[str, _by_preset(checks.choice(hardware.IB_WIDTHS), "each IB port's width (ibstatus)")]
+    host_device_gbps: Annotated[
+        float, _by_preset(checks.number_at_least(0), "`--hardware`: host<->GPU, GB/s")
+    ]
+    nccl_busbw_gbps: Annotated[float, _by_preset(checks.number_at_least(0), "`--hardware`: all-reduce, GB/s")]
+    ib_write_gbps: Annotated[float, _by_preset(checks.number_at_least(0), "`--hardware`: ib_write_bw, Gb/s")]
 
 
 @dataclass(frozen=True)
@@ -439,6 +492,15 @@ class Node:
             agents_only=True,
         ),
     ]
+    hardware: Annotated[
+        Hardware | None,
+        Key(
+            hardware.node_keys,
+            Computed("the cluster's `hardware`"),
+            "this node's own `hardware.*` keys; a `preset` here fills what the node does not write",
+            agents_only=True,
+        ),
+    ]
 
     def to_json(self) -> dict:
         return {
@@ -484,6 +546,7 @@ class Cluster:
     ]
     database: Annotated[Database, Section(required="at least password", holds_secrets=True)]
     determined: Annotated[Determined, Section(required="at least admin_password", holds_secrets=True)]
+    hardware: Annotated[Hardware, Section(doc="the agents' expected hardware; see below")]
     reboot: Annotated[
         str,
         Key(

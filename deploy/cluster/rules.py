@@ -10,7 +10,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from deploy.cluster import checks, images
+from deploy.cluster import checks, hardware, images
 from deploy.cluster.keys import (
     ArtifactKey,
     Key,
@@ -31,6 +31,7 @@ from deploy.cluster.model import (
     Cluster,
     Database,
     Determined,
+    Hardware,
     IpoibNetwork,
     Network,
     Node,
@@ -104,7 +105,10 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     storage_host = storage_values["host"]
     determined = _determined(r, top, versions)
     roleless: list[tuple[str, object]] = []
-    nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless)
+    hw_map = open_section(top, Cluster, "hardware")
+    hw_values = read(hw_map, Hardware)
+    cluster_hw = _resolve({k: x for k, x in hw_values.items() if hw_map.given(k) or x is not None}, None)
+    nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless, cluster_hw)
     storage = _storage(r, storage_map, storage_values)
     _endpoint(r, storage_map, storage, nodes)
     database = Database(**read(open_section(top, Cluster, "database"), Database))
@@ -142,6 +146,7 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
         storage=storage,
         database=database,
         determined=determined,
+        hardware=cluster_hw,
         **values,
     )
 
@@ -187,6 +192,8 @@ def _sources(top: Map) -> Sources:
         )
         pin: Any = checks.sha256(a, "sha256", spec.what)  # None after a problem: no Cluster then
         values[name] = Artifact(url=url, sha256=pin)
+    if values["registry_ca"] is not None and not m.given("registry"):
+        m.r.bad("sources.registry_ca", values["registry_ca"], "a CA without sources.registry: name it")
     return Sources(**values)
 
 
@@ -348,6 +355,7 @@ def _nodes(
     storage_host: str | None,
     determined: Determined,
     roleless: list[tuple[str, object]],
+    cluster_hw: Hardware,
 ) -> tuple[Node, ...] | None:
     raw = top.raw("nodes")
     if raw is MISSING or raw is None:
@@ -421,7 +429,7 @@ def _nodes(
         is_agent = "agent" in roles
         slots, layout = v["slots"], v["agent_layout"]
         if not is_agent and declared is not None:
-            for key, value in (("slots", slots), ("agent_layout", layout)):
+            for key, value in (("slots", slots), ("agent_layout", layout), ("hardware", v["hardware"])):
                 if value is not None:
                     r.bad(m.key(key), value, "only agents have this: add agent to roles or remove it")
         if is_agent:
@@ -432,6 +440,7 @@ def _nodes(
         if v["ipoib_interface"] is None:
             v["ipoib_interface"] = network.ipoib.interface
         v["roles"] = tuple(role for role in ROLES if role in roles)
+        v["hardware"] = _resolve(v["hardware"], cluster_hw) if is_agent else None
         nodes.append(Node(**v))
     return tuple(nodes)
 
@@ -475,3 +484,15 @@ def _port_clashes(
             taken[(host, port)] = key
         elif {other, key} != {"storage.port", "storage.console_port"}:  # reported already
             r.bad(key, port, f"clashes with {other} on {host}: each service needs its own port")
+
+
+def _resolve(written: dict[str, Any] | None, base: Hardware | None) -> Hardware:
+    """The expected hardware: the keys written; then, for a node, the cluster's values unless the
+    node names a preset; then the preset's values."""
+    values: dict[str, Any] = dataclasses.asdict(base) if base is not None else {}
+    written = written or {}
+    if base is None or "preset" in written:
+        values.update(hardware.PRESETS.get(written.get("preset", hardware.DEFAULT_PRESET), {}))
+    values.update(written)
+    fields: dict[str, Any] = {f.name: values.get(f.name) for f in dataclasses.fields(Hardware)}
+    return Hardware(**fields)

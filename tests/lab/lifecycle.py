@@ -4,7 +4,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import hardware, network, nodes, pins, rootfs, services
+from . import hardware, network, nodes, pins, registry, rootfs, services
 from .paths import DISKS, MIRROR_PORT, NODES
 from .shell import LabError, run
 from .spec import LabNode, LabSpec, ensure_secrets, load_spec
@@ -55,6 +55,7 @@ def ensure_ssh_key(key: Path) -> str:
 def prepare(cluster_path: Path) -> LabSpec:
     """Everything the model needs to load: secrets and the lab key exist."""
     ensure_secrets(cluster_path)
+    registry.ensure_ca()  # sources.registry_ca: checked when cluster.yaml loads
     spec = load_spec(cluster_path)
     ensure_ssh_key(spec.ssh_key)
     return spec
@@ -75,6 +76,12 @@ def up(cluster_path: Path, log=print) -> LabSpec:
     services.ensure_apt_proxy()
     # One mirror serves every lab; the URL inside cuda-keyring is replaced by the deploy.
     services.ensure_mirror(f"http://10.77.0.1:{MIRROR_PORT}")
+    # The task images' digests follow this machine's base root filesystem: pin cluster.yaml's
+    # task_image lines to them (only those lines change).
+    changed = registry.update_cluster_yaml(cluster_path, registry.ensure(log))
+    if changed:
+        keys = ", ".join(f"determined.task_image.{k}" for k in changed)
+        log(f"{cluster_path}: {keys} rewritten to this machine's lab image digests")
     log(f"controller services ready ({time.monotonic() - t0:.1f}s)")
     stale = pins.stale(cluster_path)
     if stale:
@@ -93,7 +100,7 @@ def up(cluster_path: Path, log=print) -> LabSpec:
             nodes.start(spec, node)
         if rootfs.is_mounted(node.root):  # also on running nodes: their root is mounted here
             mokutil.install(node.root)
-        rootfs.seed_kernel_archive(node, f"http://10.77.0.1:{MIRROR_PORT}")
+        rootfs.seed_kernel_archive(node, f"http://{spec.controller_address}:{MIRROR_PORT}")
     for node in spec.nodes:
         state = nodes.wait_ready(spec, node)
         log(f"{node.hostname}: {state} at {node.address}")
@@ -135,7 +142,7 @@ def recreate(cluster_path: Path, hostname: str, wipe_disks: bool = False, log=pr
     rootfs.mount_node(node)
     rootfs.seed_node(node, Path(f"{spec.ssh_key}.pub").read_text(), lab_files(cluster_path, node))
     mokutil.install(node.root)
-    rootfs.seed_kernel_archive(node, f"http://10.77.0.1:{MIRROR_PORT}")
+    rootfs.seed_kernel_archive(node, f"http://{spec.controller_address}:{MIRROR_PORT}")
     nodes.start(spec, node)
     log(f"{hostname}: {nodes.wait_ready(spec, node)} with a blank root filesystem")
 

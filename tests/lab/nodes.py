@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import hardware
 from .network import netns_path
 from .paths import APT_PROXY_PORT, LOGS, REPO
 from .shell import LabError
@@ -67,6 +68,16 @@ def start(spec: LabSpec, node: LabNode) -> None:
     if node.is_storage:
         node.data_disk.mkdir(parents=True, exist_ok=True)
         argv += ["--bind", f"{node.data_disk}:{spec.storage_data_dir}"]
+    # Docker's disk: a real server keeps /var/lib/docker on ext4 or xfs, where Docker uses
+    # overlay2. On the node's overlay root it falls back to vfs, which copies the whole image
+    # for every container (6 s per `docker run` of a task image instead of a fraction of one).
+    docker_disk = node.dir / "docker-disk"
+    docker_disk.mkdir(parents=True, exist_ok=True)
+    argv += ["--bind", f"{docker_disk}:/var/lib/docker"]
+    # A node whose hardware has NVSwitches sees its own PCI bus (tests/lab/hardware.py).
+    pci = hardware.write_pci_tree(spec.cluster_path, node.hostname, node.dir / "pci-devices")
+    if pci is not None:
+        argv += ["--bind", f"{pci}:/sys/bus/pci/devices"]
     log = open(LOGS / f"{node.hostname}.console.log", "ab")  # noqa: SIM115 (the node keeps it)
     proc = subprocess.Popen(
         argv,
@@ -126,6 +137,14 @@ def stop(node: LabNode, timeout: float = 30) -> None:
     kill_leftovers(node)
     for name in ("supervisor.pid", "nspawn.pid"):
         (node.dir / name).unlink(missing_ok=True)
+
+
+def pull_cables(node: LabNode, pulled: bool = True) -> None:
+    """The host ends of the node's veths down (or up again): its addresses stop answering ARP,
+    as a powered-off server's do. A stopped node alone keeps its network namespace, whose
+    kernel still answers every connect with a reset ("connection refused")."""
+    for veth in (node.veth_mgmt, node.veth_ib):
+        subprocess.run(["ip", "link", "set", veth, "down" if pulled else "up"], check=True)
 
 
 def ssh_argv(spec: LabSpec, node: LabNode, *command: str) -> list[str]:

@@ -16,10 +16,10 @@ ACNG_BACKENDS = Path("/etc/apt-cacher-ng/backends_debian")
 DEBIAN_BACKEND = "http://deb.debian.org/debian/\n"
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def _pid_alive(pidfile: Path, marker: str) -> int | None:
@@ -31,9 +31,9 @@ def _pid_alive(pidfile: Path, marker: str) -> int | None:
     return pid if marker.encode() in cmd else None
 
 
-def _daemon(name: str, argv: list[str], port: int, marker: str) -> None:
+def _daemon(name: str, argv: list[str], port: int, marker: str, host: str = "127.0.0.1") -> None:
     pidfile = RUN / f"{name}.pid"
-    if _listening(port):
+    if _listening(port, host):
         return
     RUN.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ def _daemon(name: str, argv: list[str], port: int, marker: str) -> None:
     )
     pidfile.write_text(f"{proc.pid}\n")
     for _ in range(100):
-        if _listening(port):
+        if _listening(port, host):
             return
         if proc.poll() is not None:
             break
@@ -90,7 +90,12 @@ def ensure_mirror(base_url: str) -> None:
 
 
 def stop_services() -> None:
-    for name, marker in (("mirror", "tests.lab.mirror"), ("apt-cacher-ng", "apt-cacher-ng")):
+    services = (
+        ("mirror", "tests.lab.mirror"),
+        ("apt-cacher-ng", "apt-cacher-ng"),
+        ("registry", "docker-registry"),
+    )
+    for name, marker in services:
         pid = _pid_alive(RUN / f"{name}.pid", marker)
         if pid:
             os.kill(pid, signal.SIGTERM)

@@ -29,6 +29,11 @@ def nspawn_argv(args) -> list[str]:
         "-M",
         args.name,
         "--capability=CAP_NET_ADMIN",
+        # Trials get IPC_LOCK (Determined's InfiniBand checklist: task_container_defaults
+        # add_capabilities); runc cannot give a container a capability its node lacks ("unable
+        # to apply caps: operation not permitted"), and nspawn drops this one by default.
+        # (CAP_SYS_RESOURCE, for an unlimited memlock, the controller itself does not have.)
+        "--capability=CAP_IPC_LOCK",
         # runc joins a new session keyring and loads BPF device filters for every container;
         # nspawn's default seccomp filter refuses both syscalls ("unable to join session
         # keyring: unable to create session key: operation not permitted"), so Docker could

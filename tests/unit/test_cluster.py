@@ -116,6 +116,9 @@ def lab_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     text = LAB.read_text()
     assert text.count("/var/lib/dtlab/secrets/") == 4
     text = text.replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
+    # The lab registry's CA exists once the lab is built (tests/lab/registry.py): a stand-in.
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    text = text.replace("/var/lib/dtlab/registry/ca.crt", str(tmp_path / "ca.crt"))
     return write(tmp_path, text), values
 
 

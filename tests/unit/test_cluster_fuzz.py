@@ -24,6 +24,8 @@ LAB_TEXT = (
     .replace("{file: /var/lib/dtlab/secrets/minio_secret_key}", "{env: DTTEST_SECRET_KEY}")
     .replace("{file: /var/lib/dtlab/secrets/db_password}", "{env: DTTEST_DB_PASSWORD}")
     .replace("{file: /var/lib/dtlab/secrets/admin_password}", "{env: DTTEST_ADMIN_PASSWORD}")
+    # The lab registry's CA exists only once the lab is built; the registry needs none.
+    .replace("  registry_ca: /var/lib/dtlab/registry/ca.crt\n", "")
 )
 assert "{file:" not in LAB_TEXT
 

@@ -36,6 +36,9 @@ def lab_copy(directory: Path) -> tuple[Path, list[str]]:
         (secrets_dir / name).write_text(values[-1] + "\n")
         (secrets_dir / name).chmod(0o600)  # deploy/secrets.py refuses group/world-readable files
     text = LAB.read_text().replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
+    # The lab registry's CA exists once the lab is built (tests/lab/registry.py): a stand-in.
+    (directory / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    text = text.replace("/var/lib/dtlab/registry/ca.crt", str(directory / "ca.crt"))
     path = directory / "cluster.yaml"
     path.write_text(text)
     return path, values

@@ -171,6 +171,7 @@ def test_plan_follows_the_articles_checklist():
         ("pg_backup", "master"),
         ("determined_master", "master"),
         ("docker", "agent"),
+        ("task_images", "agent"),
         ("barrier", None),
         ("determined_agent", "agent"),
     ]

@@ -141,13 +141,19 @@ def test_cuda_table():
     assert images.too_new(f"mirror.site/nvcr.io/nvidia/pytorch:24.03-py3@{DIGEST}", "515.65.01")
     assert images.too_new(f"docker.io/determinedai/pytorch-ngc:0.38.0@{DIGEST}", "515.65.01")
     assert images.too_new(f"nvcr.io/nvidia/pytorch:22.08-py3@{DIGEST}", "515.65.01") is None
+    # CUDA 12.0 on R515 through forward compatibility (NGC 23.01's release notes list 515.65+).
+    assert images.too_new(f"nvcr.io/nvidia/pytorch:23.01-py3@{DIGEST}", "515.65.01") is None
     # Minor version compatibility: an 11.8 runtime runs on R515.
     assert images.too_new(f"determinedai/environments:cuda-11.8-x@{DIGEST}", "515.65.01") is None
     assert images.too_new(images.DEFAULT_GPU_IMAGE, "515.65.01") is None
     # Unknown images and drivers pass: verify reads NVIDIA_REQUIRE_CUDA on the agents.
     assert images.too_new(f"example/trainer:1@{DIGEST}", "515.65.01") is None
     assert images.too_new(f"determinedai/pytorch-ngc:0.38.0@{DIGEST}", "550.54.15") is None
-    assert images.required_cuda("determinedai/pytorch-ngc:0.38.0") == ((12, 4), images.KNOWN_CUDA[0][3])
+    assert images.required_cuda("determinedai/pytorch-ngc:0.38.0") == (
+        (12, 4),
+        images.KNOWN_CUDA[0][3],
+        images.KNOWN_CUDA[0][4],
+    )
 
 
 def test_image_ref_grammar():

@@ -208,7 +208,9 @@ def test_matrix_markdown_and_terminal(pytester, fake_checks):
             "    first: check cabling and the subnet manager (ibstat, iblinkinfo)*",
             "    seen on gpu-1: mlx5_0 port 1: State Down",
             "matrix: *reports/verify-matrix.md",
-            "wall time *: 11 ok, 6 FAIL, 2 skip, 1 unreachable nodes",
+            # The summary line: the dead node first, with the first thing to look at.
+            "UNREACHABLE gpu-2 (SSH to *: connection refused): first: node up but nothing on the "
+            "SSH port* -- wall time *: 11 ok, 6 FAIL, 2 skip, 1 unreachable nodes",
         ]
     )
     # One line per SSH failure, not a paramiko traceback each.

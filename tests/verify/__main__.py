@@ -1,11 +1,14 @@
 """python -m tests.verify [--cluster FILE] [pytest args...]: check every node, read-only.
 
 Runs tests/verify against the nodes of a cluster.yaml (the lab's by default), in parallel,
-prints a checks x nodes matrix with a hint for every red cell (tests/verify/matrix.py), then
-each agent node's NVLink domains and the largest slots_per_trial inside one domain on every
-agent node (from the topology checks' own `nvidia-smi topo -m`), writes it all to
-reports/verify-matrix.md and JUnit XML to reports/verify-junit.xml, and exits non-zero when
-any check fails (pytest's exit status).
+after a first step that asks every node at once whether it answers over SSH and which peers it
+reaches (tests/verify/reach.py; `--reach-timeout SECONDS` bounds each wait, default 5: a dead
+node costs that once and its column is SSH), prints a checks x nodes matrix with a hint for
+every red cell (tests/verify/matrix.py), then each agent node's NVLink domains and the largest
+slots_per_trial inside one domain on every agent node (from the topology checks' own
+`nvidia-smi topo -m`), writes it all to reports/verify-matrix.md and JUnit XML to
+reports/verify-junit.xml, and exits non-zero when any check fails (pytest's exit status). Its
+last line names the unreachable nodes first, with the first thing to look at.
 """
 
 import argparse
@@ -63,21 +66,43 @@ def shows_locals(args: list[str]) -> bool:
     return False
 
 
+def unreachable_first(matrix: Path, since: float = 0.0) -> str:
+    """This run's matrix report's line naming the unreachable nodes and what to look at first
+    (tests/verify/matrix.py dead_first), or "" (none, or no report written since `since`)."""
+    try:
+        if matrix.stat().st_mtime < since:
+            return ""
+        lines = matrix.read_text().splitlines()
+    except OSError:
+        return ""
+    found = next((line for line in lines if line.startswith("- **UNREACHABLE ")), "")
+    return found.removeprefix("- **").removesuffix("**").replace("\\|", "|")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.verify", description=__doc__)
     parser.add_argument("--cluster", default=str(REPO / "inventories" / "lab" / "cluster.yaml"))
     parser.add_argument("-n", "--workers", default="4", help="parallel workers (pytest-xdist)")
+    parser.add_argument("--hardware", action="store_true", help="also the bandwidth rows (real GPUs)")
+    parser.add_argument(
+        "--drain-unhealthy", action="store_true", help="disable agents of nodes with red health rows"
+    )
     args, rest = parser.parse_known_args(argv)
+    # tests/verify/drain.py: the options of the health rows and the drain.
+    flags = ["--hardware"] * args.hardware + ["--drain-unhealthy"] * args.drain_unhealthy
+    rest = ["-p", "tests.verify.drain", *flags, *rest]
     if shows_locals(rest):
         print(f"python -m tests.verify: {SHOWLOCALS}", file=sys.stderr)
         return 2
     reports = REPO / "reports"
     reports.mkdir(exist_ok=True)
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     status = subprocess.call(pytest_command(args.cluster, args.workers, reports, rest), cwd=REPO)
     verdict = "all checks passed" if status == 0 else f"FAILED (exit status {status})"
+    dead = unreachable_first(reports / "verify-matrix.md", since=wall_started)
     print(
-        f"verify {args.cluster}: {verdict}; wall time {time.monotonic() - started:.1f}s; "
+        f"verify {args.cluster}: {dead + ' -- ' if dead else ''}{verdict}; "
+        f"wall time {time.monotonic() - started:.1f}s; "
         f"matrix: {reports / 'verify-matrix.md'}",
         flush=True,
     )

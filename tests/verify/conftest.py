@@ -3,14 +3,29 @@
 Expected values come from the same model the deploy used. Fixtures:
 - `cluster`: the model;
 - `node`, `agent`, `master`, `storage`: parametrised over the matching nodes (ids = hostnames);
-- `peer`: parametrised over every node, for cross-node checks (node x peer);
+- `peer`: parametrised over every node (node x peer items; the cross-node checks no longer
+  use it: they are one item per node, tests/verify/test_cross_node.py);
 - `host_of(node)`: a testinfra Host reached over SSH with the cluster's SSH settings, host
-  keys checked the way pyinfra checks them (see CheckedParamikoBackend).
+  keys checked the way pyinfra checks them (see CheckedParamikoBackend);
+- `reach`: what verify's first step found (tests/verify/reach.py): which nodes answer, which
+  peers each reaches;
+- `answering(nodes)`: for cluster-wide checks, [(node, host)] of the nodes that answered; the
+  others are named on the check's cell as not asked.
+
+A node the first step found dead is never connected to again: every check about it (a `node`,
+`agent`, `master` or `storage` parameter) reports SSH at setup without running, and
+`host_of` raises at once for it (pytest_runtest_setup and host_of below: nothing per check).
 """
 
+import contextlib
 import functools
+import json
 import logging
 import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -19,7 +34,9 @@ from testinfra.backend.paramiko import ParamikoBackend
 
 from deploy.cluster import load_cluster
 from deploy.sshtuning import set_nodelay
+from tests.verify import reach as reach_probe
 from tests.verify.master_api import _enabled_slots, poll_agents
+from tests.verify.matrix import P_NOT_ASKED, ssh_problem
 
 ROLE_FIXTURES = {"node": None, "peer": None, "agent": "agent", "master": "master", "storage": "storage"}
 
@@ -39,9 +56,18 @@ def pytest_collection_modifyitems(items):
     that worker alone connects to the node and runs its probes, instead of every worker doing it
     again; at 32 nodes that was four SSH connections and four probe rounds per node."""
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        about = next((params[f] for f in GROUP_BY if f in params), None)
+        about = _about(item)
         item.add_marker(pytest.mark.xdist_group(about.hostname if about else "(cluster)"))
+    # Each node's cross-node checks last: they need every node's probe (verify's first step),
+    # the others only their own node's verdict, so they start while a dead node is waited for.
+    # (The matrix orders its rows by source location, not by when they ran.)
+    items.sort(key=lambda item: item.path.name == "test_cross_node.py")
+
+
+def _about(item):
+    """The node a check is about (its first `node`/`agent`/`master`/`storage` value), or None."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((params[f] for f in GROUP_BY if f in params), None)
 
 
 def pytest_generate_tests(metafunc):
@@ -60,6 +86,18 @@ def cluster(pytestconfig):
 # testinfra logs every command with its output at DEBUG, paramiko its transport: with pytest's
 # --log-level=DEBUG both would land in the terminal and the JUnit file, secrets included.
 QUIET_LOGGERS = ("testinfra", "paramiko")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reach-timeout",
+        type=float,
+        default=reach_probe.DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="verify's first step gives each node this long per stage (TCP connect, SSH banner, "
+        "login) and each peer connect this long; a node that does not answer in time is SSH "
+        f"and never waited on again (default {reach_probe.DEFAULT_TIMEOUT:g})",
+    )
 
 
 def pytest_configure(config):
@@ -101,6 +139,95 @@ def host_keys_line(ssh) -> str:
 
 def pytest_report_header(config):
     return getattr(config, "verify_host_keys", None)
+
+
+# --- verify's first step: who answers, who reaches whom (tests/verify/reach.py) --------------
+
+
+def _connect(cluster):
+    def connect(node, timeout):
+        backend = CheckedParamikoBackend(
+            f"{cluster.ssh.user}@{node.address}:{cluster.ssh.port}", ssh=cluster.ssh, timeout=timeout
+        )
+        return backend.client
+
+    return connect
+
+
+def _probe_into(directory: Path, cluster_path: str, timeout: float) -> None:
+    """Run the first step, writing each node's verdict when known and the whole result at the
+    end (atomically: the workers wait for the files)."""
+
+    def publish(hostname, dead):
+        with contextlib.suppress(OSError):  # the run may have ended without waiting for it
+            reach_probe.write_atomically(
+                reach_probe.verdict_file(directory, hostname), json.dumps({"dead": dead})
+            )
+
+    cluster = _cluster(cluster_path)
+    try:
+        result = reach_probe.run(cluster, _connect(cluster), ssh_problem, timeout, publish)
+    except Exception as e:  # a bug here must not hang the workers: they read the error
+        result = reach_probe.Reach(timeout=timeout, error=f"{type(e).__name__}: {e}")
+    with contextlib.suppress(OSError):
+        reach_probe.write_atomically(directory / reach_probe.RESULT, result.to_json())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (trylast) starts the workers: they overlap
+def pytest_sessionstart(session):
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    try:
+        cluster_path = config.getoption("--cluster")
+        _cluster(cluster_path)
+    except Exception:  # a broken cluster.yaml: collection reports it, once
+        return
+    config.verify_reach_dir = Path(tempfile.mkdtemp(prefix="verify-reach-"))
+    config.verify_reach_path = config.verify_reach_dir / reach_probe.RESULT  # read by matrix.py
+    timeout = config.getoption("--reach-timeout")
+    threading.Thread(
+        target=_probe_into, args=(config.verify_reach_dir, cluster_path, timeout), daemon=True
+    ).start()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_configure_node(node):
+    directory = getattr(node.config, "verify_reach_dir", None)
+    if directory is not None:
+        node.workerinput["verify_reach"] = str(directory)
+
+
+def pytest_unconfigure(config):
+    directory = getattr(config, "verify_reach_dir", None)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def reach_of(config) -> reach_probe.Published:
+    """This process's view of the first step (a worker reads the controller's files)."""
+    if not hasattr(config, "verify_reach"):
+        directory = getattr(config, "workerinput", {}).get("verify_reach") or getattr(
+            config, "verify_reach_dir", None
+        )
+        config.verify_reach = reach_probe.Published(
+            Path(directory) if directory else None, config.getoption("--reach-timeout")
+        )
+        reach_probe.CURRENT = config.verify_reach
+    return config.verify_reach
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A check about a node the first step found dead reports SSH at setup, without trying."""
+    about = _about(item)
+    if about is not None and hasattr(about, "hostname"):
+        reach_of(item.config).raise_if_dead(about)
+
+
+@pytest.fixture(scope="session")
+def reach(pytestconfig) -> reach_probe.Published:
+    return reach_of(pytestconfig)
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -151,18 +278,23 @@ class CheckedParamikoBackend(ParamikoBackend):
             port=int(self.host.port) if self.host.port else 22,
             username=self.host.user,
             key_filename=self.ssh_identity_file,
+            # Every stage bounded alike (paramiko's defaults: banner 15 s, login 30 s): a node
+            # that accepts the TCP connect but hangs costs `timeout` too.
             timeout=self.timeout,
+            banner_timeout=self.timeout,
+            auth_timeout=self.timeout,
             allow_agent=True,
         )
         return client
 
 
 @pytest.fixture(scope="session")
-def host_of(cluster):
+def host_of(cluster, reach):
     cache = {}
     unreachable = {}
 
     def get(node):
+        reach.raise_if_dead(node)  # found dead before the checks: no second wait
         if node.hostname not in cache:
             backend = CheckedParamikoBackend(
                 f"{cluster.ssh.user}@{node.address}:{cluster.ssh.port}",
@@ -186,13 +318,31 @@ def host_of(cluster):
     return get
 
 
+@pytest.fixture
+def answering(host_of, reach, record_property):
+    """For a cluster-wide check: answering(nodes) -> [(node, host)] of the nodes that answered
+    verify's first step. The others are not asked; the matrix names them beside the check's
+    cell instead of turning the whole check SSH."""
+
+    def ask(nodes) -> list:
+        nodes = list(nodes)
+        skipped = [n.hostname for n in nodes if reach.dead(n.hostname)]
+        if skipped:
+            record_property(P_NOT_ASKED, json.dumps(skipped))
+        return [(n, host_of(n)) for n in nodes if n.hostname not in skipped]
+
+    return ask
+
+
 @pytest.fixture(scope="session")
-def registered_agents(cluster):
-    """{agent id: agent} from the master, once every agent node's enabled agents offer its
-    slots (one poll per worker for every registration check)."""
+def registered_agents(cluster, reach):
+    """{agent id: agent} from the master, once every answering agent node's enabled agents
+    offer its slots (one poll per worker for every registration check). A dead node's agents
+    are not waited for: its own checks report SSH."""
+    alive = [n for n in cluster.agents if not reach.dead(n.hostname)]
 
     def done(agents):
         by_id = {a["id"]: a for a in agents}
-        return all(_enabled_slots(n, by_id) == n.slots for n in cluster.agents)
+        return all(_enabled_slots(n, by_id) == n.slots for n in alive)
 
     return {a["id"]: a for a in poll_agents(cluster, done)}

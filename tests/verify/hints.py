@@ -52,7 +52,7 @@ HINTS: dict[str, Hint] = {
         "ufw is enabled (ENABLED=yes in /etc/ufw/ufw.conf)",
         "ufw disable and flush chains on {node}, then " + REDEPLOY,
     ),
-    # --- test_cross_node.py (source node = row; the peer is in the detail) -------------------
+    # --- test_cross_node.py (row = the node the majority blames; the peers are in the detail) -
     "test_reaches_peer_on_management": Hint(
         "cannot reach a peer's port 22 on the management network",
         "`getent hosts PEER` and `ip route` on {node}; firewall on either side "
@@ -276,6 +276,113 @@ HINTS: dict[str, Hint] = {
         "earlier layout, or a node gone from cluster.yaml)",
         "GET /api/v1/agents; stop that agent's unit on its node (`systemctl disable --now`); "
         "a stopped agent stays listed as disabled for agent_reconnect_wait (25 s)",
+    ),
+    # --- test_health.py (docs/verify.md "Health"; "could not run" rows never drain a node) ---
+    "test_gpu_count_and_model": Hint(
+        "fewer GPUs than hardware.gpu_count, or another model: a GPU fell off the bus or is "
+        "missing, or cluster.yaml describes another node class",
+        "`nvidia-smi -L` and `lspci -d 10de:` on {node}: a GPU lspci shows but nvidia-smi does "
+        "not has failed (reboot; then reseat or RMA); otherwise correct nodes[].hardware",
+    ),
+    "test_gpu_memory": Hint(
+        "a GPU reports less memory than hardware.gpu_memory_mib (less 3%): another board "
+        "(40 GB vs 80 GB) or retired memory",
+        "`nvidia-smi --query-gpu=index,name,memory.total --format=csv` on {node}; a smaller "
+        "board: correct hardware.preset / gpu_memory_mib; same board: RMA",
+    ),
+    "test_no_gpu_xid_since_boot": Hint(
+        "the driver logged Xid events this boot (meaning per Xid in the evidence)",
+        "`journalctl -k -b | grep 'NVRM: Xid'` on {node}; 79/48/64/95: drain (--drain-unhealthy), "
+        "reboot, RMA if it recurs; 63/94: reset the GPU when idle (`nvidia-smi -r -i N`)",
+    ),
+    "test_no_uncorrectable_ecc_errors": Hint(
+        "volatile uncorrectable ECC errors on a GPU: its memory corrupted data since the last reset",
+        "drain {node} (--drain-unhealthy), reset the GPU (`nvidia-smi -r -i N`) or reboot; "
+        "errors again after the reset: RMA",
+    ),
+    "test_no_pending_remaps_or_retirements": Hint(
+        "a row remap or page retirement is pending (needs a GPU reset), or remapping failed "
+        "(spare rows exhausted)",
+        "pending: drain {node}, then `nvidia-smi -r -i N` or reboot; failed: RMA the GPU "
+        "(`nvidia-smi -q -d ROW_REMAPPER,PAGE_RETIREMENT`)",
+    ),
+    "test_no_hardware_clock_throttling": Hint(
+        "a GPU's clocks are cut by HW Slowdown (thermal or power brake): cooling, power supply or the board",
+        "`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER` on {node}; check fans, inlet "
+        "temperature and PSUs; persists when idle: RMA",
+    ),
+    "test_pcie_links_at_max": Hint(
+        "a GPU's PCIe link trained below its maximum width (or generation under load): "
+        "host<->GPU copies run at a fraction",
+        "`nvidia-smi -q -d PCI` and `lspci -vv -s BUS | grep LnkSta` on {node}; reseat the GPU "
+        "or its riser, check BIOS PCIe settings, then reboot",
+    ),
+    "test_ib_ports_rate_and_width": Hint(
+        "an InfiniBand port is missing, down, or trained below hardware.ib_rate_gbps / ib_width",
+        "`ibstat` and `ibstatus` on {node}; reseat or replace the cable/transceiver, check the "
+        "switch port (`iblinkinfo`); a different NIC class: correct nodes[].hardware",
+    ),
+    "test_ib_links_not_flapping": Hint(
+        "an InfiniBand port's LinkDownedCounter rose between two reads: the link flaps",
+        "`perfquery -C CA -P PORT` twice on {node}, `iblinkinfo` for the switch side; replace "
+        "the cable or transceiver; `perfquery -R` resets the counters afterwards",
+    ),
+    "test_host_memory": Hint(
+        "MemTotal differs from hardware.host_memory_gib by more than its tolerance: a DIMM "
+        "failed or is missing",
+        "`dmidecode -t memory` and the BMC's event log on {node}; replace the DIMM, or correct "
+        "hardware.host_memory_gib",
+    ),
+    "test_cpu_count": Hint(
+        "fewer logical CPUs than hardware.cpu_count: a socket, SMT or cores disabled",
+        "`lscpu` on {node}; BIOS SMT/core settings, kernel `maxcpus=`/`nosmt` in "
+        "/proc/cmdline; or correct hardware.cpu_count",
+    ),
+    "test_host_device_bandwidth": Hint(
+        "host<->GPU copies slower than hardware.host_device_gbps",
+        "run test_pcie_links_at_max first; then NUMA placement (`nvidia-smi topo -m`), BIOS "
+        "PCIe/IOMMU settings on {node}",
+    ),
+    "test_nccl_allreduce_bandwidth": Hint(
+        "NCCL all-reduce bus bandwidth below hardware.nccl_busbw_gbps across the node's GPUs",
+        "`nvidia-smi nvlink -s` and `nvidia-smi topo -m` on {node}; fabric manager active on "
+        "NVSwitch nodes; `NCCL_DEBUG=INFO all_reduce_perf ...` for the chosen transport",
+    ),
+    "test_ib_write_bandwidth": Hint(
+        "ib_write_bw below hardware.ib_write_gbps on a port",
+        "run test_ib_ports_rate_and_width first; then `ib_write_bw` against a known-good node "
+        "to tell the port from the switch",
+    ),
+    # --- test_trial_container.py --------------------------------------------------------------
+    "test_trial_image_cuda_within_driver": Hint(
+        "the GPU image master.yaml hands trials needs a newer CUDA than the driver runs: "
+        "nvidia-container-cli refuses it ('unsatisfied condition: cuda>=X'), or CUDA fails "
+        "inside the trial (a CUDA 12 image on driver 515)",
+        "`docker image inspect IMAGE` on {node} (NVIDIA_REQUIRE_CUDA, CUDA_VERSION) against "
+        "`nvidia-smi`'s CUDA Version; name a CUDA 11.x image in determined.task_image.gpu (or "
+        "undo a hand edit of /etc/determined/master.yaml), then " + REDEPLOY,
+    ),
+    "test_gpu_container_sees_gpus_and_cuda_initialises": Hint(
+        "a `docker run --gpus all` trial container does not start, misses GPUs or the pinned "
+        "driver, or cuInit fails in it (802: system not ready)",
+        "802 on an NVSwitch node: `systemctl status nvidia-fabricmanager` and "
+        "`journalctl -u nvidia-fabricmanager` on {node} (its version must be the driver's); "
+        "a start error: the hook's message in the detail (`nvidia-container-cli info` on "
+        "{node}); then " + REDEPLOY,
+    ),
+    "test_s3_round_trip_from_bridge_container": Hint(
+        "a trial on Docker's bridge network cannot save a checkpoint: the endpoint master.yaml "
+        "gives trials does not resolve or answer there, or the keys/region are refused",
+        "bridge containers do not read the node's /etc/hosts: checkpoint_storage.endpoint_url "
+        "in /etc/determined/master.yaml must be an address (`docker run --rm IMAGE getent "
+        "hosts NAME` on {node}); region: AWS_DEFAULT_REGION in task_container_defaults; then " + REDEPLOY,
+    ),
+    "test_infiniband_in_trial_container": Hint(
+        "trial containers do not get /dev/infiniband, or Docker refuses to create them because "
+        "a device in task_container_defaults.devices is missing on the node",
+        "`ls /dev/infiniband` and `/etc/init.d/openibd status` on {node} (MLNX_OFED's modules "
+        "create the devices); task_container_defaults.devices in /etc/determined/master.yaml; "
+        "then " + REDEPLOY,
     ),
 }
 

@@ -6,6 +6,8 @@ import time
 import urllib.error
 import urllib.request
 
+from tests.verify import reach
+
 REGISTRATION_WAIT = 30  # seconds
 
 
@@ -22,6 +24,8 @@ def _http(url: str, data: dict | None = None, token: str | None = None):
 
 
 def _master_url(cluster) -> str:
+    # A master found dead before the checks: SSH on the check's cell, not a wait per request.
+    reach.raise_if_dead(cluster.master_node)
     return f"http://{cluster.master_node.address}:{cluster.master_port}"
 
 

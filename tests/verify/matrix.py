@@ -5,12 +5,15 @@ it. It works the same with and without pytest-xdist:
 - every process that collects (each xdist worker, or the single pytest process) stamps each
   test's user_properties with its check name and its node / peer hostnames, taken from the
   parametrisation values (hostnames may contain '-', so the ids `nodeA-nodeB` are not parsed);
-- a failure whose exception comes out of paramiko (connect refused, timed out, auth, ...) is
-  recognised where the exception object still exists (pytest_runtest_makereport), labelled with
-  one reason, and its traceback replaced by that one line: an unreachable node gives one line
-  per check instead of a wall of paramiko frames;
+- a failure whose exception comes out of paramiko (connect refused, timed out, auth, ...), or
+  a check stopped at setup because verify's first step found its node dead
+  (tests/verify/reach.py NodeUnreachable), is recognised where the exception object still
+  exists (pytest_runtest_makereport), labelled with one reason, and its traceback replaced by
+  that one line: an unreachable node gives one line per check instead of a wall of frames;
 - reports carry user_properties to the controller, the only process that builds the matrix
   (pytest_runtest_logreport), writes it to --verify-matrix (Markdown) and prints it;
+- the dead nodes come first: in the final summary line with the first thing to look at, and
+  beside each with what its peers saw of it (verify's first step, tests/verify/reach.py);
 - after the matrix, the NVLink domains the topology checks read on each agent node and the
   largest slots_per_trial inside one domain on every agent node (nvlink_lines).
 """
@@ -33,6 +36,7 @@ import pytest
 
 from deploy.topology import Observed, summary_lines
 from tests.verify.hints import SSH_HINTS, Hint, hint_for
+from tests.verify.reach import NodeUnreachable, Reach
 
 # Parameters that name the node a check is about, in order of preference; the first one
 # present is the row's node. Parameters in PEER_PARAMS are the other end of a cross-node check.
@@ -52,6 +56,9 @@ P_NVLINK = "verify.nvlink"  # JSON, what a topology check read (tests/verify/tes
 # JSON {"what", "node", "value"}: what a check found on a node that an operator wants to see per
 # node even when it is green (e.g. which interface carries IPoIB there).
 P_SEEN = "verify.seen"
+# JSON [hostname, ...]: nodes a cluster-wide check could not ask (dead before the checks), from
+# tests/verify/conftest.py `answering`.
+P_NOT_ASKED = "verify.not_asked"
 
 OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
 MARKUP = {
@@ -62,7 +69,7 @@ MARKUP = {
     SSH: {"red": True, "bold": True},
 }
 LEGEND = (
-    f"{OK} = passed (with every peer, for cross-node checks), {FAIL} = failed, "
+    f"{OK} = passed (cross-node checks: with every peer the other nodes reach), {FAIL} = failed, "
     f"{SKIP} = skipped, {NA} = does not apply to that node, "
     f"{SSH} = could not run: the node is unreachable over SSH, "
     f"{CLUSTER} = checks run once for the whole cluster"
@@ -134,6 +141,8 @@ def ssh_problem(exc: BaseException) -> tuple[str, str, str | None] | None:
     Only exceptions raised inside paramiko count: a check's own HTTP or S3 request from the
     controller failing with 'connection refused' is a finding about that service, not about
     reaching the node."""
+    if isinstance(exc, NodeUnreachable):  # found dead before the checks: the first step's reason
+        return exc.kind, exc.reason, exc.target
     frames = _paramiko_frames(exc.__traceback__)
     names = _mro_names(exc)
     if not frames and not any(n.startswith("paramiko.") for n in names):
@@ -203,6 +212,7 @@ class Result:
     ssh_kind: str | None = None
     ssh_target: str | None = None
     phase: str = "call"  # "setup": a fixture failed and the check itself never ran
+    not_asked: tuple[str, ...] = ()  # nodes a cluster-wide check left out (P_NOT_ASKED)
 
 
 def _props(report) -> dict[str, list[str]]:
@@ -338,6 +348,10 @@ class Matrix:
     nodes: list[str]
     cells: dict[tuple[str, str], Cell]
     unreachable: dict[str, tuple[str, str]]  # node -> (reason, kind)
+    not_asked: dict[str, list[str]] = field(default_factory=dict)  # check -> nodes left out
+    # node -> what the nodes that answered saw of it (verify's first step, reach.peers_view)
+    seen_by_peers: dict[str, str] = field(default_factory=dict)
+    reach_line: str = ""  # how long the first step took, how many answered
 
     def status(self, check: str, node: str) -> str:
         cell = self.cells.get((check, node))
@@ -377,7 +391,27 @@ def build_matrix(
         for who in [*nodes, *sorted(set(reasons) - set(nodes))]
         if who in reasons
     }
-    return Matrix(checks, nodes, cells, unreachable)
+    not_asked: dict[str, list[str]] = {}
+    for r in results:
+        for host in r.not_asked:
+            if host not in not_asked.setdefault(r.check, []):
+                not_asked[r.check].append(host)
+    return Matrix(checks, nodes, cells, unreachable, not_asked)
+
+
+def dead_first(m: Matrix) -> str:
+    """The summary line's head: each unreachable node, why, and the first thing to look at."""
+    parts = []
+    for node, (reason, kind) in m.unreachable.items():
+        parts.append(f"UNREACHABLE {node} ({reason}): first: {SSH_HINTS.get(kind, SSH_HINTS['other'])}")
+    return " | ".join(parts)
+
+
+def not_asked_lines(m: Matrix) -> list[str]:
+    return [
+        f"{check.rsplit('::', 1)[-1]} ran without {', '.join(nodes)}: not asked (unreachable)"
+        for check, nodes in m.not_asked.items()
+    ]
 
 
 def _duration(seconds: float) -> str:
@@ -422,6 +456,10 @@ def render_markdown(
     if host_keys:
         out.append(f"- {_md(host_keys)}")
     hosts = len([n for n in m.nodes if n != CLUSTER])
+    if m.unreachable:
+        out.append(f"- **{_md(dead_first(m))}**")
+    if m.reach_line:
+        out.append(f"- {_md(m.reach_line)}")
     out += [
         f"- finished: {finished}, wall time {_duration(wall)}",
         (
@@ -440,6 +478,8 @@ def render_markdown(
         if node in m.unreachable:
             reason, kind = m.unreachable[node]
             status, why = "**UNREACHABLE**", f"{reason}: {SSH_HINTS.get(kind, SSH_HINTS['other'])}"
+            if node in m.seen_by_peers:
+                why += f" ({m.seen_by_peers[node]})"
         elif failed:
             status, why = "**FAIL**", _list(failed, 5)
         else:
@@ -467,8 +507,9 @@ def render_markdown(
     else:
         out += ["| check | node | symptom | first thing to do | seen |", "|---|---|---|---|---|"]
         for node, (reason, kind) in m.unreachable.items():
+            peers = f"; {m.seen_by_peers[node]}" if node in m.seen_by_peers else ""
             out.append(
-                f"| (every check over SSH) | {node} | {_md(reason)} | "
+                f"| (every check over SSH) | {node} | {_md(reason + peers)} | "
                 f"{_md(SSH_HINTS.get(kind, SSH_HINTS['other']))} | |"
             )
         for check, node, cell in red:
@@ -477,6 +518,9 @@ def render_markdown(
                 f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
                 f"{'; '.join(_md_code(e) for e in cell.evidence())} |"
             )
+    if m.not_asked:
+        out += ["", "## Cluster-wide checks that left nodes out", ""]
+        out += [f"- {_md(line)}" for line in not_asked_lines(m)]
     if seen:
         out += ["", "## Seen per node", "", "```", *seen, "```"]
     if nvlink:
@@ -536,6 +580,10 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
     for node, (reason, kind) in m.unreachable.items():
         lines.append([("UNREACHABLE ", MARKUP[SSH]), (f"{node}: {reason}", {"bold": True})])
         lines.append([(f"    first: {SSH_HINTS.get(kind, SSH_HINTS['other'])}", {})])
+        if node in m.seen_by_peers:
+            lines.append([(f"    its peers: {m.seen_by_peers[node]}", {"light": True})])
+    for line in not_asked_lines(m):
+        lines.append([("PARTIAL ", MARKUP[SKIP]), (line, {})])
     by_check: dict[str, list[tuple[str, Cell]]] = {}
     for check, node, cell in m.red_cells():
         by_check.setdefault(check, []).append((node, cell))
@@ -617,6 +665,7 @@ class Recorder:
                 ssh_kind=(props.get(P_SSH_KIND) or [None])[0],
                 ssh_target=(props.get(P_SSH_TARGET) or [None])[0],
                 phase=report.when,
+                not_asked=tuple(h for v in props.get(P_NOT_ASKED, []) for h in json.loads(v)),
             )
         )
 
@@ -624,6 +673,7 @@ class Recorder:
     def pytest_sessionfinish(self, session, exitstatus):
         self.wall = time.monotonic() - self.started
         self.matrix = build_matrix(self.results, self.addresses, self.order, self.check_order)
+        self._add_reach(self.matrix)
         option = self.config.getoption("--verify-matrix")
         self.path = Path(option) if option else self.config.rootpath / "reports" / "verify-matrix.md"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -641,6 +691,21 @@ class Recorder:
                 seen=seen_lines(self.seen, self.order),
                 host_keys=getattr(self.config, "verify_host_keys", None),
             )
+        )
+
+    def _add_reach(self, m: Matrix) -> None:
+        """What verify's first step saw (tests/verify/conftest.py writes it; absent when this
+        plugin runs without that conftest)."""
+        path = getattr(self.config, "verify_reach_path", None)
+        if path is None or not Path(path).exists():
+            return
+        reach = Reach.from_json(Path(path).read_text())
+        m.seen_by_peers = {n: reach.peers_view(n) for n in m.unreachable if n in reach.dead}
+        total = len({h for names in reach.names.values() for h in names})
+        m.reach_line = (
+            f"first step: {total - len(reach.dead)} of {total} nodes answered over SSH in "
+            f"{reach.seconds:.1f}s (--reach-timeout {reach.timeout:g}s)"
+            + (f"; the probe broke: {reach.error}" if reach.error else "")
         )
 
     # Outermost wrapper: prints after pytest's short test summary, right before its final line.
@@ -669,8 +734,11 @@ class Recorder:
         red = len(m.red_cells())
         counts = Counter(m.status(c, n) for c in m.checks for n in m.nodes)
         tr.write_line(f"matrix: {self.path}")
+        if m.reach_line:
+            tr.write_line(m.reach_line)
         tr.write_line(
-            f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, "
+            (f"{dead_first(m)} -- " if m.unreachable else "")
+            + f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, "
             f"{counts[SKIP]} skip, {len(m.unreachable)} unreachable nodes",
             bold=True,
             red=bool(red or m.unreachable),

@@ -4,7 +4,7 @@
 Each tarball has NVIDIA's layout: a top folder named like the tarball holding mlnxofedinstall,
 uninstall.sh, `distro`, `.mlnx`, `.arch` and DEBS/*.deb. The packages (same for every distro)
 are ofed-scripts (ofed_info), mlnx-ofed-kernel-utils (/etc/init.d/openibd and
-openibd.service), mlnx-ofed-kernel-dkms and infiniband-diags (ibstat, ibstatus, iblinkinfo).
+openibd.service), mlnx-ofed-kernel-dkms and infiniband-diags (ibstat, ibstatus, iblinkinfo, perfquery).
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def build_debs(ctx, out_dir: Path) -> list[Path]:
             out_dir,
             "infiniband-diags",
             DIAGS_VERSION,
-            {f"/usr/sbin/{tool}": _script("ib_diags.py") for tool in ("ibstat", "ibstatus", "iblinkinfo")},
+            {
+                f"/usr/sbin/{tool}": _script("ib_diags.py")
+                for tool in ("ibstat", "ibstatus", "iblinkinfo", "perfquery")
+            },
             depends=["python3"],
             description=f"InfiniBand diagnostic programs{NOTE}",
             maintainer=MAINTAINER,

@@ -1,17 +1,25 @@
 #!/usr/bin/python3
-# Stands in for ibstat/ibstatus/iblinkinfo of infiniband-diags @DIAGS_VERSION@ (MLNX_OFED @OFED_VERSION@); lab only.
+# Stands in for ibstat/ibstatus/iblinkinfo/perfquery of infiniband-diags @DIAGS_VERSION@ (MLNX_OFED @OFED_VERSION@); lab only.
 """InfiniBand diagnostics for a lab node whose 'HCA' is the veth link ib0.
 
 One HCA, mlx5_0 (ConnectX-6, MT4123), one port, HDR 200 Gb/s. Port state follows the node's
 real ib0 link: operstate "up" -> State Active / Physical state LinkUp; an administratively
 down link -> Down / Disabled; any other state (no carrier) -> Down / Polling. GUIDs and LID
-derive from ib0's MAC address, so they are stable per node. Installed three times, as
-/usr/sbin/ibstat, /usr/sbin/ibstatus and /usr/sbin/iblinkinfo; argv[0] picks the tool.
+derive from ib0's MAC address, so they are stable per node. Installed as /usr/sbin/ibstat,
+/usr/sbin/ibstatus, /usr/sbin/iblinkinfo and /usr/sbin/perfquery; argv[0] picks the tool.
 
-Test-only environment override (never set on a node): DTLAB_STANDIN_SYSFS_NET (for
-/sys/class/net), DTLAB_STANDIN_HOSTNAME.
+Faults (lab only): /etc/dtlab/faults.json's "ib" mapping makes the port train down or flap:
+  {"ib": {"rate": 100, "width": "2X",      # an active port at 100 Gb/s over 2 lanes
+          "link_downed_per_read": 1}}      # LinkDownedCounter rises by 1 on every perfquery
+The counter's reads are kept in /run/ib-standin/, so it starts at 0 again after a boot, like
+the HCA's own counters.
+
+Test-only environment overrides (never set on a node): DTLAB_STANDIN_SYSFS_NET (for
+/sys/class/net), DTLAB_STANDIN_ETC_DIR (for /etc/dtlab), DTLAB_STANDIN_RUN_DIR (for
+/run/ib-standin), DTLAB_STANDIN_HOSTNAME.
 """
 
+import json
 import os
 import socket
 import sys
@@ -21,6 +29,26 @@ CA = "mlx5_0"
 NETDEV = "ib0"
 FIRMWARE = "20.35.2000"
 IFF_UP = 0x1
+ETC_DIR = os.environ.get("DTLAB_STANDIN_ETC_DIR", "/etc/dtlab")
+RUN_DIR = os.environ.get("DTLAB_STANDIN_RUN_DIR", "/run/ib-standin")
+# Gb/s per lane -> InfiniBand speed name, as ibstatus prints it ("200 Gb/sec (4X HDR)").
+SPEEDS = {2.5: "SDR", 5.0: "DDR", 10.0: "QDR", 14.0: "FDR", 25.0: "EDR", 50.0: "HDR", 100.0: "NDR"}
+LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+
+
+def faults():
+    """The "ib" faults of /etc/dtlab/faults.json, {} without the file or the key."""
+    try:
+        with open(os.path.join(ETC_DIR, "faults.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    ib = raw.get("ib") if isinstance(raw, dict) else None
+    return ib if isinstance(ib, dict) else {}
+
+
+def speed(rate, width):
+    return SPEEDS.get(round(rate / LANES.get(width, 4), 1), "HDR")
 
 
 def read(path, default=""):
@@ -50,13 +78,15 @@ def port():
     else:
         state, phys, state_no, phys_no = "Down", "Polling", 1, 2
     active = state == "Active"
+    fault = faults()
     return {
+        "width": fault.get("width", "4X") if active else "4X",
         "guid": guid,
         "state": state,
         "phys": phys,
         "state_no": state_no,
         "phys_no": phys_no,
-        "rate": 200 if active else 10,
+        "rate": fault.get("rate", 200) if active else 10,
         "lid": (tail[2] % 250) + 2 if active else 0,
         "sm_lid": 1 if active else 0,
     }
@@ -131,16 +161,33 @@ def gid(guid):
 
 
 def ibstatus(args):
+    """rdma-core infiniband-diags/scripts/ibstatus: `ibstatus [devname[:portnum]]`; a missing
+    device is `fatal` (exit 255), a missing port prints its fields as "unknown"."""
     p = port()
     if p is None:
         return no_device("ibstatus")
-    if args and args[0] != CA:
+    device, _, port_no = args[0].partition(":") if args else (CA, "", "")
+    if device != CA:
         sys.stderr.write(
-            f"Fatal error:  device '{args[0]}': sys files not found (/sys/class/infiniband/{args[0]}/ports)\n"
+            f"Fatal error:  device '{device}': sys files not found (/sys/class/infiniband/{device}/ports)\n"
         )
-        return 1
-    rate = "200 Gb/sec (4X HDR)" if p["state"] == "Active" else "10 Gb/sec (4X SDR)"
-    print(f"Infiniband device '{CA}' port 1 status:")
+        return 255
+    port_no = port_no or "1"
+    print(f"Infiniband device '{CA}' port {port_no} status:")
+    if port_no != "1":
+        for field in (
+            "default gid:\t",
+            "base lid:\t",
+            "sm lid:\t\t",
+            "state:\t\t",
+            "phys state:\t",
+            "rate:\t\t",
+        ):
+            print(f"\t{field} unknown")
+        print("\tlink_layer:\t IB")
+        print()
+        return 0
+    rate = f"{p['rate']} Gb/sec ({p['width']} {speed(p['rate'], p['width'])})"
     print(f"\tdefault gid:\t {gid(p['guid'])}")
     print(f"\tbase lid:\t 0x{p['lid']:x}")
     print(f"\tsm lid:\t\t 0x{p['sm_lid']:x}")
@@ -164,7 +211,8 @@ def iblinkinfo(args):
     print(f"CA: {hostname()} {CA}:")
     if p["state"] == "Active":
         print(
-            f"      {p['guid']} {p['lid']:>6}    1[  ] ==( 4X      50.0 Gbps Active/  LinkUp)==>"
+            f"      {p['guid']} {p['lid']:>6}    1[  ] ==( {p['width']:<3} "
+            f"{p['rate'] / LANES.get(p['width'], 4):>9.1f} Gbps Active/  LinkUp)==>"
             '       1    1[  ] "MF0;lab-ib-switch:MQM8700/U1" ( )'
         )
     else:
@@ -175,7 +223,60 @@ def iblinkinfo(args):
     return 0
 
 
-TOOLS = {"ibstat": ibstat, "ibstatus": ibstatus, "iblinkinfo": iblinkinfo}
+def link_downed():
+    """LinkDownedCounter: rises by the fault's link_downed_per_read on every read (a flapping
+    link), kept in /run so that it restarts at 0 with the node."""
+    per_read = faults().get("link_downed_per_read", 0)
+    path = os.path.join(RUN_DIR, "link-downed")
+    try:
+        with open(path) as f:
+            count = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        count = 0
+    if per_read:
+        count += int(per_read)
+        os.makedirs(RUN_DIR, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(f"{count}\n")
+    return count
+
+
+def perfquery(args):
+    """perfquery [-x] [lid|-C ca] [port]: the local port's counters (PortCounters attribute)."""
+    p = port()
+    if p is None:
+        return no_device("perfquery")
+    counters = [
+        ("PortSelect", "1"),
+        ("CounterSelect", "0x0000"),
+        ("SymbolErrorCounter", "0"),
+        ("LinkErrorRecoveryCounter", "0"),
+        ("LinkDownedCounter", str(link_downed())),
+        ("PortRcvErrors", "0"),
+        ("PortRcvRemotePhysicalErrors", "0"),
+        ("PortRcvSwitchRelayErrors", "0"),
+        ("PortXmitDiscards", "0"),
+        ("PortXmitConstraintErrors", "0"),
+        ("PortRcvConstraintErrors", "0"),
+        ("CounterSelect2", "0x00"),
+        ("LocalLinkIntegrityErrors", "0"),
+        ("ExcessiveBufferOverrunErrors", "0"),
+        ("QP1Dropped", "0"),
+        ("VL15Dropped", "0"),
+        ("PortXmitData", "0"),
+        ("PortRcvData", "0"),
+        ("PortXmitPkts", "0"),
+        ("PortRcvPkts", "0"),
+        ("PortXmitWait", "0"),
+    ]
+    # infiniband-diags' dump format: the field name and ':' padded with dots to 33 columns.
+    print(f"# Port counters: Lid {p['lid']} port 1 (CapMask: 0x5A00)")
+    for name, value in counters:
+        print(f"{name + ':':.<33}{value}")
+    return 0
+
+
+TOOLS = {"ibstat": ibstat, "ibstatus": ibstatus, "iblinkinfo": iblinkinfo, "perfquery": perfquery}
 
 
 def main(argv):

@@ -14,14 +14,26 @@ STATE_DIR=/run/mlnx-ofed-standin
 
 ok() { printf '%-58s[  OK  ]\n' "$1"; }
 
+# The device nodes the loaded modules create (ib_umad: umad0 231:0 and issm0 231:64,
+# ib_uverbs: uverbs0 231:192, rdma_ucm: the misc device rdma_cm), which a trial container gets
+# through Docker's --device /dev/infiniband (Determined's InfiniBand checklist).
+IB_DEV=/dev/infiniband
+
 start() {
-    mkdir -p "$STATE_DIR"
+    mkdir -p "$STATE_DIR" "$IB_DEV"
+    for node in umad0:231:0 issm0:231:64 uverbs0:231:192 rdma_cm:10:58; do
+        IFS=: read -r name major minor <<EOF_NODE
+$node
+EOF_NODE
+        [ -e "$IB_DEV/$name" ] || mknod -m 666 "$IB_DEV/$name" c "$major" "$minor"
+    done
     echo "@OFED_VERSION@" > "$STATE_DIR/driver-loaded"
     ok "Loading HCA driver and Access Layer:"
 }
 
 stop() {
     rm -f "$STATE_DIR/driver-loaded"
+    rm -rf "$IB_DEV"
     ok "Unloading HCA driver:"
 }
 

@@ -132,7 +132,10 @@ exit 0
     libcuda = compile_shared_library(
         source("nvidia/libcuda.c"),
         "libcuda.so.1",
-        defines={"CUDA_DRIVER_API_VERSION": str(int(major) * 1000 + int(minor) * 10)},
+        defines={
+            "CUDA_DRIVER_API_VERSION": str(int(major) * 1000 + int(minor) * 10),
+            "DRIVER_VERSION": f'"{version}"',
+        },
     )
     ctx.build_deb(
         pool,
@@ -335,8 +338,8 @@ def build_container_toolkit(ctx) -> None:
         pool,
         "libnvidia-container-tools",
         v,
-        {"/usr/bin/nvidia-container-cli": script("nvidia-container-cli.sh")},
-        depends=[f"libnvidia-container1 (>= {v})"],
+        {"/usr/bin/nvidia-container-cli": script("nvidia_container_cli.py")},
+        depends=[f"libnvidia-container1 (>= {v})", "python3"],
         description=f"NVIDIA container runtime library (command-line tools){STANDIN_NOTE}",
         maintainer=TOOLKIT_MAINTAINER,
         extra_control={"Section": "utils"},
@@ -367,7 +370,7 @@ def build_container_toolkit(ctx) -> None:
         pool,
         "nvidia-container-toolkit",
         v,
-        {"/usr/bin/nvidia-container-runtime-hook": script("nvidia-container-runtime-hook.sh")},
+        {"/usr/bin/nvidia-container-runtime-hook": script("nvidia_container_runtime_hook.py")},
         depends=[
             f"libnvidia-container-tools (>= {v})",
             "libnvidia-container-tools (<< 2.0.0)",

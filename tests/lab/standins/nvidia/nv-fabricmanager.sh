@@ -7,6 +7,8 @@
 # - no NVSwitch: "request to query NVSwitch device information from NVSwitch driver failed
 #   with error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]" (NVIDIA/gpu-operator#610).
 # NVSwitches are NVIDIA PCI devices of class 0x068000, read from sysfs as the deploy does.
+# Running, it has trained the fabric: $RUN_DIR/fabric-state says "Completed" (the stand-in
+# libcuda's cuInit then succeeds); stopped, "Not Started" again (cuInit: 802, system not ready).
 RUN_DIR="${DTLAB_STANDIN_RUN_DIR:-/run/nvidia-standin}"
 PCI_DEVICES="${DTLAB_STANDIN_PCI_DEVICES:-/sys/bus/pci/devices}"
 PID_FILE="${DTLAB_STANDIN_FM_PID:-/var/run/nvidia-fabricmanager/nv-fabricmanager.pid}"
@@ -32,6 +34,10 @@ if [ "$switches" = 0 ]; then
   exit 1
 fi
 mkdir -p "$(dirname "$PID_FILE")"
-( while :; do sleep 3600 & wait $!; done ) </dev/null >/dev/null 2>&1 &
+echo Completed > "$RUN_DIR/fabric-state"
+(
+  trap 'echo "Not Started" > "$RUN_DIR/fabric-state"; exit 0' TERM INT
+  while :; do sleep 3600 & wait $!; done
+) </dev/null >/dev/null 2>&1 &
 echo $! > "$PID_FILE"
 exit 0

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Stands in for NVIDIA's nvidia-container-runtime @VERSION@ (package nvidia-container-toolkit-base); lab only.
-# The real runtime adds the GPU hook to the OCI spec and then runs runc; the lab has no GPUs to
-# inject, so it runs runc unchanged.
+# The real runtime (legacy mode) adds nvidia-container-runtime-hook to the OCI spec's prestart
+# hooks and then runs runc; this one runs runc unchanged. GPUs reach the lab's containers through
+# Docker's --gpus, for which dockerd adds the same hook itself (moby daemon/nvidia_linux.go), as
+# Determined's agent asks for them.
 for arg in "$@"; do
   if [ "$arg" = "--version" ] || [ "$arg" = "-v" ]; then
     echo "NVIDIA Container Runtime version @VERSION@"

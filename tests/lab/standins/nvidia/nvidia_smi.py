@@ -9,6 +9,21 @@ Answers the forms the deploy and its checks use, in the real output formats:
   nvidia-smi topo -m              the topology matrix with legend
   nvidia-smi -q                   a short NVSMI LOG
   nvidia-smi -pm 0|1              persistence mode (root only)
+  nvidia-smi --query-remapped-rows=F,... --format=csv[,...]   row remapping (A100 and later)
+
+Faults: /etc/dtlab/faults.json (lab only; the lab test writes it, nothing else does) makes
+GPUs report what failing hardware reports, per GPU index:
+
+  {"gpus": {"3": {"ecc_uncorrectable": 2,        # volatile DRAM uncorrectable ECC errors
+                  "remap_pending": true,         # a row waits for remapping (GPU reset)
+                  "remap_failure": true,         # remapping failed: RMA
+                  "retired_pages": 3,            # double-bit retired pages (V100 and older)
+                  "retired_pending": true,       # a page waits for retirement
+                  "throttle": ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"],
+                  "pcie_gen": 3, "pcie_width": 8}}}   # the link trained below Gen4 x16
+
+XID events are not here: they are kernel log lines (NVRM: Xid ...), and a lab node has no
+kernel log of its own (docs/verify.md, "Health").
 
 The "driver" is the kernel-module state written at boot by nvidia-module-load.service into
 /run/nvidia-standin/loaded-version. Missing: exit 9 (driver not loaded); different from this
@@ -148,7 +163,10 @@ def load_topology():
     else:
         raw = default_topology()
         where = "default topology"
-    return normalise(raw, where)
+    topo = normalise(raw, where)
+    for index, fault in load_faults(topo).items():
+        topo["gpus"][index]["faults"] = fault
+    return topo
 
 
 def normalise(raw, where):
@@ -228,6 +246,88 @@ def persistence_enabled(g):
     return g["bus_id"] in persistence_on(load_topology())
 
 
+FAULTS_FILE = "faults.json"
+FAULT_KEYS = {
+    "ecc_uncorrectable": int,
+    "remap_pending": bool,
+    "remap_failure": bool,
+    "retired_pages": int,
+    "retired_pending": bool,
+    "throttle": list,
+    "pcie_gen": int,
+    "pcie_width": int,
+}
+THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def load_faults(topo):
+    """GPU index -> its faults, from /etc/dtlab/faults.json; {} without the file."""
+    path = os.path.join(ETC_DIR, FAULTS_FILE)
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise TopologyError(f"{path}: {exc}") from None
+    gpus = raw.get("gpus", {}) if isinstance(raw, dict) else None
+    if not isinstance(gpus, dict):
+        raise TopologyError(f"{path}: 'gpus' must map GPU indexes to faults")
+    faults = {}
+    for index, fault in gpus.items():
+        if not str(index).isdigit() or int(index) >= len(topo["gpus"]) or not isinstance(fault, dict):
+            raise TopologyError(f"{path}: gpus.{index}: not a GPU index with a mapping of faults")
+        for key, value in fault.items():
+            kind = FAULT_KEYS.get(key)
+            if kind is None or not isinstance(value, kind):
+                raise TopologyError(f"{path}: gpus.{index}.{key}: unknown fault or wrong type")
+        if not set(fault.get("throttle", [])) <= set(THROTTLE_REASONS):
+            raise TopologyError(f"{path}: gpus.{index}.throttle: one of {', '.join(THROTTLE_REASONS)}")
+        faults[int(index)] = fault
+    return faults
+
+
+def is_v100(g):
+    return "V100" in g["name"]
+
+
+def health(g):
+    """What the GPU reports about its health: the fault file's values, else a healthy GPU's."""
+    fault = g.get("faults", {})
+    v100 = is_v100(g)
+    return {
+        "ecc_uncorrectable": fault.get("ecc_uncorrectable", 0),
+        # A100 and later remap rows instead of retiring pages: nvidia-smi shows N/A for pages
+        # there, and V100 has no row remapper (nvidia-smi -q: "Remapped Rows : N/A").
+        "remap": None if v100 else (fault.get("remap_pending", False), fault.get("remap_failure", False)),
+        "retired": (fault.get("retired_pages", 0), fault.get("retired_pending", False)) if v100 else None,
+        "throttle": set(fault.get("throttle", [])),
+        "pcie_gen": fault.get("pcie_gen", 3 if v100 else 4),
+        "pcie_gen_max": 3 if v100 else 4,
+        "pcie_width": fault.get("pcie_width", 16),
+    }
+
+
+# NVML's clocks throttle reason bits (nvml.h nvmlClocksThrottleReason*), as
+# clocks_throttle_reasons.active prints them; a GPU in P0 without load shows none.
+THROTTLE_BITS = {"hw_slowdown": 0x8, "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
+
+
+def throttle_mask(h):
+    mask = 0
+    for reason in h["throttle"]:
+        mask |= THROTTLE_BITS[reason]
+    # HW Thermal and Power Brake Slowdown are kinds of HW Slowdown: nvidia-smi -q nests them
+    # under it and the HW Slowdown bit is set with either.
+    if mask & 0xC0:
+        mask |= 0x8
+    return mask
+
+
+def active(flag):
+    return "Active" if flag else "Not Active"
+
+
 def gpu_metrics(g):
     i = g["index"]
     cap = 400 if "A100-SXM" in g["name"] else 300
@@ -254,7 +354,7 @@ def table(topo):
         m = gpu_metrics(g)
         pm = "On" if persistence_enabled(g) else "Off"
         lines.append(
-            f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} | {g['bus_id']:<16} Off | {'0':>20} |"
+            f"| {g['index']:>3}  {short_name(g['name']):<18}  {pm:<4} | {g['bus_id']:<16} Off | {health(g)['ecc_uncorrectable']:>20} |"
         )
         lines.append(
             f"| N/A   {m['temp']:>2}C    P0   {m['power']:>3}W / {m['cap']:>3}W "
@@ -313,11 +413,80 @@ def _fields(topo):
         "memory.free": ("memory.free [MiB]", "MiB", lambda g: str(g["memory_mib"])),
         "power.draw": ("power.draw [W]", "W", lambda g: f"{gpu_metrics(g)['power']:.2f}"),
         "power.limit": ("power.limit [W]", "W", lambda g: f"{gpu_metrics(g)['cap']:.2f}"),
+        **_health_fields(),
     }
 
 
-def query(topo, fields_arg, fmt_arg, ids):
-    fields = _fields(topo)
+NA = "[N/A]"  # how CSV output shows a field the GPU does not support
+
+
+def _retired(g, item):
+    r = health(g)["retired"]
+    if r is None:
+        return NA
+    return {"sbe": "0", "dbe": str(r[0]), "pending": "Yes" if r[1] else "No"}[item]
+
+
+def _health_fields():
+    ecc = ("ecc.errors.uncorrected.volatile", "ecc.errors.uncorrected.aggregate")
+    fields = {}
+    for prefix in ecc:
+        fields[f"{prefix}.total"] = (f"{prefix}.total", None, lambda g: str(health(g)["ecc_uncorrectable"]))
+        fields[f"{prefix}.dram"] = (f"{prefix}.dram", None, lambda g: str(health(g)["ecc_uncorrectable"]))
+        fields[f"{prefix}.sram"] = (f"{prefix}.sram", None, lambda g: "0")
+    for name, item in (
+        ("retired_pages.single_bit_ecc.count", "sbe"),
+        ("retired_pages.double_bit.count", "dbe"),
+        ("retired_pages.pending", "pending"),
+    ):
+        fields[name] = (name, None, lambda g, item=item: _retired(g, item))
+    fields["retired_pages.sbe"] = fields["retired_pages.single_bit_ecc.count"]
+    fields["retired_pages.dbe"] = fields["retired_pages.double_bit.count"]
+    base = "clocks_throttle_reasons"
+    fields[f"{base}.active"] = (f"{base}.active", None, lambda g: f"0x{throttle_mask(health(g)):016x}")
+    for reason, bit in THROTTLE_BITS.items():
+        fields[f"{base}.{reason}"] = (
+            f"{base}.{reason}",
+            None,
+            lambda g, bit=bit: active(throttle_mask(health(g)) & bit),
+        )
+    fields["pcie.link.gen.current"] = ("pcie.link.gen.current", None, lambda g: str(health(g)["pcie_gen"]))
+    fields["pcie.link.gen.max"] = ("pcie.link.gen.max", None, lambda g: str(health(g)["pcie_gen_max"]))
+    fields["pcie.link.width.current"] = (
+        "pcie.link.width.current",
+        None,
+        lambda g: str(health(g)["pcie_width"]),
+    )
+    fields["pcie.link.width.max"] = ("pcie.link.width.max", None, lambda g: "16")
+    return fields
+
+
+def _remap(g, item):
+    r = health(g)["remap"]
+    if r is None:
+        return NA
+    return {
+        "correctable": "0",
+        "uncorrectable": str(int(r[0] or r[1])),
+        "pending": str(int(r[0])),
+        "failure": str(int(r[1])),
+    }[item]
+
+
+# --query-remapped-rows: what NVML's nvmlDeviceGetRemappedRows returns (counts, 0/1 flags).
+def _remap_fields():
+    fields = {
+        "gpu_bus_id": ("gpu_bus_id", None, lambda g: g["bus_id"]),
+        "gpu_uuid": ("gpu_uuid", None, lambda g: g["uuid"]),
+    }
+    for item in ("correctable", "uncorrectable", "pending", "failure"):
+        name = f"remapped_rows.{item}"
+        fields[name] = (name, None, lambda g, item=item: _remap(g, item))
+    return fields
+
+
+def query(topo, fields_arg, fmt_arg, ids, fields=None):
+    fields = fields or _fields(topo)
     names = [f.strip() for f in fields_arg.split(",") if f.strip()]
     if not names:
         return EXIT_INVALID_ARG, "", MSG_INVALID
@@ -388,19 +557,82 @@ def nvsmi_log(topo):
         f"Attached GPUs                             : {len(topo['gpus'])}",
     ]
     for g in topo["gpus"]:
-        out += [
-            f"GPU {g['bus_id']}",
-            f"    Product Name                          : {g['name']}",
-            "    Persistence Mode                      : "
-            + ("Enabled" if persistence_enabled(g) else "Disabled"),
-            f"    GPU UUID                              : {g['uuid']}",
-            "    FB Memory Usage",
-            f"        Total                             : {g['memory_mib']} MiB",
-            "        Used                              : 0 MiB",
-            f"        Free                              : {g['memory_mib']} MiB",
-            "",
-        ]
+        out += [f"GPU {g['bus_id']}", *gpu_log(g), ""]
     return "\n".join(out) + "\n"
+
+
+def _row(label, value="", indent=1):
+    """One line of nvidia-smi -q: labels padded so that the colons line up at column 43."""
+    text = "    " * indent + label
+    return text if value == "" else f"{text.ljust(42)}: {value}"
+
+
+def gpu_log(g):
+    """The sections of one GPU in nvidia-smi -q, in its order and wording (driver 515/525:
+    "Clocks Throttle Reasons"; 535 renamed it "Clocks Event Reasons"). A100 output of driver
+    525.60.13: stas00/ml-engineering, compute/accelerator/nvidia/debug.md and the A100 node
+    logs it links; V100 boards show "Remapped Rows : N/A" and A100 boards N/A retired pages."""
+    h = health(g)
+    mask = throttle_mask(h)
+    ecc = h["ecc_uncorrectable"]
+    lines = [
+        _row("Product Name", g["name"]),
+        _row("Persistence Mode", "Enabled" if persistence_enabled(g) else "Disabled"),
+        _row("GPU UUID", g["uuid"]),
+        _row("PCI"),
+        _row("Bus Id", g["bus_id"], 2),
+        _row("GPU Link Info", "", 2),
+        _row("PCIe Generation", "", 3),
+        _row("Max", h["pcie_gen_max"], 4),
+        _row("Current", h["pcie_gen"], 4),
+        _row("Link Width", "", 3),
+        _row("Max", "16x", 4),
+        _row("Current", f"{h['pcie_width']}x", 4),
+        _row("Performance State", "P0"),
+        _row("Clocks Throttle Reasons"),
+        _row("Idle", "Not Active", 2),
+        _row("Applications Clocks Setting", "Not Active", 2),
+        _row("SW Power Cap", "Not Active", 2),
+        _row("HW Slowdown", active(mask & 0x8), 2),
+        _row("HW Thermal Slowdown", active(mask & 0x40), 3),
+        _row("HW Power Brake Slowdown", active(mask & 0x80), 3),
+        _row("Sync Boost", "Not Active", 2),
+        _row("SW Thermal Slowdown", "Not Active", 2),
+        _row("Display Clock Setting", "Not Active", 2),
+        _row("FB Memory Usage"),
+        _row("Total", f"{g['memory_mib']} MiB", 2),
+        _row("Used", "0 MiB", 2),
+        _row("Free", f"{g['memory_mib']} MiB", 2),
+        _row("ECC Errors"),
+        _row("Volatile", "", 2),
+        _row("SRAM Correctable", 0, 3),
+        _row("SRAM Uncorrectable", 0, 3),
+        _row("DRAM Correctable", 0, 3),
+        _row("DRAM Uncorrectable", ecc, 3),
+        _row("Aggregate", "", 2),
+        _row("SRAM Correctable", 0, 3),
+        _row("SRAM Uncorrectable", 0, 3),
+        _row("DRAM Correctable", 0, 3),
+        _row("DRAM Uncorrectable", ecc, 3),
+        _row("Retired Pages"),
+    ]
+    retired = h["retired"]
+    lines += [
+        _row("Single Bit ECC", 0 if retired else "N/A", 2),
+        _row("Double Bit ECC", retired[0] if retired else "N/A", 2),
+        _row("Pending Page Blacklist", ("Yes" if retired[1] else "No") if retired else "N/A", 2),
+    ]
+    remap = h["remap"]
+    if remap is None:
+        return [*lines, _row("Remapped Rows", "N/A")]
+    return [
+        *lines,
+        _row("Remapped Rows"),
+        _row("Correctable Error", 0, 2),
+        _row("Uncorrectable Error", int(remap[0] or remap[1]), 2),
+        _row("Pending", "Yes" if remap[0] else "No", 2),
+        _row("Remapping Failure Occurred", "Yes" if remap[1] else "No", 2),
+    ]
 
 
 def set_persistence(topo, value, every_gpu):
@@ -437,7 +669,15 @@ def parse(argv):
     while args:
         a = args.pop(0)
         key, eq, val = a.partition("=")
-        if key in ("--query-gpu", "--format", "-i", "--id", "-pm", "--persistence-mode"):
+        if key in (
+            "--query-gpu",
+            "--query-remapped-rows",
+            "--format",
+            "-i",
+            "--id",
+            "-pm",
+            "--persistence-mode",
+        ):
             if not eq:
                 if not args:
                     return None
@@ -455,10 +695,11 @@ def parse(argv):
         return None
     if opts.get("-h"):
         return "help", opts
-    if "--query-gpu" in opts:
-        if "--format" not in opts:
-            return "noformat", opts
-        return ("query", opts) if set(opts) <= {"--query-gpu", "--format", "-i"} else None
+    for option, command in (("--query-gpu", "query"), ("--query-remapped-rows", "remap")):
+        if option in opts:
+            if "--format" not in opts:
+                return "noformat", opts
+            return (command, opts) if set(opts) <= {option, "--format", "-i"} else None
     if "--format" in opts:
         return None
     if "-pm" in opts:
@@ -494,7 +735,8 @@ def main(argv):
         sys.stdout.write(HELP)
         return 0
     if command == "noformat":
-        sys.stdout.write('Option "--format" is required when "--query-gpu" is used.\n' + MSG_INVALID)
+        option = "--query-gpu" if "--query-gpu" in opts else "--query-remapped-rows"
+        sys.stdout.write(f'Option "--format" is required when "{option}" is used.\n' + MSG_INVALID)
         return EXIT_INVALID_ARG
     state = driver_state()
     if state is not None:
@@ -528,6 +770,9 @@ def main(argv):
         return 0
     if command == "pm":
         code, out, err = set_persistence(chosen, opts["-pm"].upper(), topo)
+    elif command == "remap":
+        fields = _remap_fields()
+        code, out, err = query(topo, opts["--query-remapped-rows"], opts["--format"], opts.get("-i"), fields)
     else:
         code, out, err = query(topo, opts["--query-gpu"], opts["--format"], opts.get("-i"))
     sys.stdout.write(out)

@@ -1,0 +1,593 @@
+"""The lab's image registry: Debian's docker-registry (the Distribution registry 2.8, as an
+air-gapped site runs one) on the lab bridge, 10.77.0.1:5000, with TLS from a lab CA, serving
+stand-ins for Determined's task images under their real names.
+
+The controller has no Docker daemon, so the images are built here: one layer with the lab's
+cached base root filesystem (Debian 12 with python3), one with boto3 and its pure-Python
+dependencies (pinned wheels, sha256-checked by pip), each image a Docker image manifest v2
+schema 2 with its image config, pushed through the registry's HTTP API v2 (blob uploads, then
+the manifest). Everything is deterministic (sorted tar entries, fixed mtimes, no owner names,
+gzip mtime 0, sorted JSON), so the same base and wheels give the same digests; the base is
+built by debootstrap and differs between machines, so `lab up` writes this machine's digests
+into cluster.yaml's task_image lines (update_cluster_yaml).
+
+State under /var/lib/dtlab/registry: ca.{key,crt} (the lab CA: sources.registry_ca),
+server.{key,crt}, config.yml, storage/ (the registry's), layers/ (built layers, reused while
+their inputs are unchanged), wheels/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import ssl
+import stat
+import subprocess
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import BASE_ROOTFS, RUN, STATE
+from .shell import LabError, run
+
+DIR = STATE / "registry"
+CA_KEY, CA_CRT = DIR / "ca.key", DIR / "ca.crt"
+SERVER_KEY, SERVER_CRT = DIR / "server.key", DIR / "server.crt"
+CONFIG = DIR / "config.yml"
+STORAGE, LAYERS, WHEELS = DIR / "storage", DIR / "layers", DIR / "wheels"
+ADDRESS, PORT = "10.77.0.1", 5000
+HOST = f"{ADDRESS}:{PORT}"
+BINARY = "/usr/bin/docker-registry"
+# Bump when the layer format below changes: cached layers are keyed by it.
+BUILD_FORMAT = "1"
+MTIME = 0
+# Not part of an image (they are mounts at run time); the directories stay, empty.
+EMPTY_DIRS = ("dev", "proc", "sys", "run", "tmp")
+SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"  # Debian 12's python3 reads it
+
+# boto3 as a mid-2024 image has it (the real task images were built July 2024); before 1.36,
+# whose default request checksums (aws-chunked trailers) older S3 servers reject.
+WHEELS_PINNED = {
+    "boto3-1.34.162-py3-none-any.whl": "d6f6096bdab35a0c0deff469563b87d184a28df7689790f7fe7be98502b7c590",
+    "botocore-1.34.162-py3-none-any.whl": "2d918b02db88d27a75b48275e6fb2506e9adaaddbec1ffa6a8a0898b34e769be",
+    "jmespath-1.0.1-py3-none-any.whl": "02e2e4cc71b5bcab88332eebf907519190dd9e6e82107fa7f83b1003a6252980",
+    "python_dateutil-2.9.0.post0-py2.py3-none-any.whl": (
+        "a8b2bc7bffae282281c8140a97d3aa9c14da0b136dfe83f850eea9a5f7470427"
+    ),
+    "s3transfer-0.10.4-py3-none-any.whl": "244a76a24355363a68164241438de1b72f8781664920260c48465896b712a41e",
+    "six-1.16.0-py2.py3-none-any.whl": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254",
+    "urllib3-2.2.3-py3-none-any.whl": "ca899ca043dcb1bafa3e262d73aa25c465bfb49e0bd9dd5d59f1d0acba2f8fac",
+}
+
+# Determined's images (determined-ai/environments Dockerfile-base-cpu/-cuda, Dockerfile-pytorch-ngc).
+_DETERMINED_ENV = ["PYTHONUNBUFFERED=1", "PYTHONFAULTHANDLER=1", "PYTHONHASHSEED=0"]
+_BASE_ENV = ["LANG=C.UTF-8", "LC_ALL=C.UTF-8", "PIP_NO_CACHE_DIR=1", *_DETERMINED_ENV]
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # repository path, as cluster.yaml names it
+    tag: str
+    env: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+
+IMAGES = (
+    # FROM nvidia/cuda:11.3.1-cudnn8-devel-ubuntu20.04 (environments Makefile build-cuda-113-base);
+    # its Env from NVIDIA's dist/11.3.1/ubuntu2004/base/Dockerfile (gitlab.com/nvidia/container-
+    # images/cuda): the requirement libnvidia-container checks, and CUDA 11.3 runs on R515.
+    Image(
+        "determinedai/environments",
+        "cuda-11.3-pytorch-1.12-tf-2.11-gpu-748dda4",
+        (
+            f"PATH=/opt/conda/bin:/usr/local/nvidia/bin:/usr/local/cuda/bin:{_SYSTEM_PATH}",
+            "NVARCH=x86_64",
+            "NVIDIA_REQUIRE_CUDA=cuda>=11.3 brand=tesla,driver>=418,driver<419 "
+            "brand=tesla,driver>=440,driver<441 driver>=450",
+            "NV_CUDA_CUDART_VERSION=11.3.109-1",
+            "NV_CUDA_COMPAT_PACKAGE=cuda-compat-11-3",
+            "CUDA_VERSION=11.3.1",
+            "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            *_BASE_ENV,
+        ),
+    ),
+    # FROM ubuntu:20.04 (environments Makefile UBUNTU_IMAGE_TAG): no CUDA, no NVIDIA variables.
+    Image(
+        "determinedai/environments",
+        "py-3.9-pytorch-1.12-tf-2.11-cpu-748dda4",
+        (f"PATH=/opt/conda/bin:{_SYSTEM_PATH}", *_BASE_ENV),
+    ),
+    # Determined 0.38.0's default, FROM nvcr.io/nvidia/pytorch:24.03-py3 (CUDA 12.4.0). NGC's
+    # framework images do not carry nvidia/cuda's requirement: they declare
+    # NVIDIA_REQUIRE_CUDA=cuda>=9.0 (the Env of NGC PyTorch 20.06 and 23.10 as `env` prints it)
+    # and check the driver in their own entrypoint against CUDA_DRIVER_VERSION, so
+    # libnvidia-container starts this image on any driver and CUDA 12.4 fails inside it.
+    Image(
+        "determinedai/pytorch-ngc",
+        "0.38.0",
+        (
+            f"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/mpi/bin:{_SYSTEM_PATH}",
+            "NVIDIA_REQUIRE_CUDA=cuda>=9.0",
+            "CUDA_VERSION=12.4.0.041",
+            "CUDA_DRIVER_VERSION=550.54.14",
+            "_CUDA_COMPAT_PATH=/usr/local/cuda/compat",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility,video",
+            "NVIDIA_PRODUCT_NAME=PyTorch",
+            "NVIDIA_PYTORCH_VERSION=24.03",
+            *_DETERMINED_ENV,
+        ),
+    ),
+)
+
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
+LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+# --- TLS and the daemon ---------------------------------------------------------------------
+
+EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+
+
+def ensure_ca() -> Path:
+    """The lab CA (sources.registry_ca names it), made once: cluster.yaml is checked against it."""
+    DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    DIR.chmod(0o755)  # the CA certificate is public; the keys below are 0600
+    if not (CA_CRT.exists() and CA_KEY.exists()):
+        ca = ["-keyout", CA_KEY, "-out", CA_CRT, "-days", "3650", "-subj", "/CN=dtlab registry CA"]
+        ca += ["-addext", "basicConstraints=critical,CA:TRUE"]
+        ca += ["-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+        run("openssl", "req", "-x509", *EC_KEY, *ca)
+        CA_KEY.chmod(0o600)
+        SERVER_CRT.unlink(missing_ok=True)  # signed by a CA that is gone
+    CA_CRT.chmod(0o644)
+    return CA_CRT
+
+
+def ensure_server_cert() -> None:
+    """A certificate for 10.77.0.1 (Go's TLS, Docker's, checks the IP SAN, not the CN)."""
+    if SERVER_CRT.exists() and SERVER_KEY.exists():
+        return
+    csr = DIR / "server.csr"
+    ext = DIR / "server.ext"
+    ext.write_text(
+        f"subjectAltName=IP:{ADDRESS}\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+    )
+    run("openssl", "req", "-new", *EC_KEY, "-keyout", SERVER_KEY, "-out", csr, "-subj", f"/CN={ADDRESS}")
+    serial = str(int.from_bytes(os.urandom(8), "big"))
+    signing = ["-CA", CA_CRT, "-CAkey", CA_KEY, "-set_serial", serial, "-days", "825", "-extfile", ext]
+    run("openssl", "x509", "-req", "-in", csr, *signing, "-out", SERVER_CRT)
+    SERVER_KEY.chmod(0o600)
+    csr.unlink()
+
+
+def write_config() -> None:
+    text = (
+        "# The lab registry (tests/lab/registry.py): Distribution 2.8's configuration format.\n"
+        "version: 0.1\n"
+        "log:\n  level: info\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {STORAGE}\n  cache:\n    blobdescriptor: inmemory\n"
+        f"http:\n  addr: {HOST}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
+    )
+    if not CONFIG.exists() or CONFIG.read_text() != text:
+        CONFIG.write_text(text)
+
+
+def ensure_daemon() -> None:
+    from . import services
+
+    if not Path(BINARY).exists():
+        raise LabError(f"{BINARY} is missing: apt-get install -y docker-registry")
+    ensure_ca()
+    ensure_server_cert()
+    STORAGE.mkdir(parents=True, exist_ok=True)
+    write_config()
+    if services._listening(PORT, ADDRESS) and not services._pid_alive(RUN / "registry.pid", BINARY):
+        # Debian's package enables docker-registry.service (:5000 on every address) where
+        # systemd runs: two registries cannot share the port.
+        raise LabError(
+            f"port {PORT} on {ADDRESS} is taken by another process (Debian's docker-registry service?): "
+            "systemctl disable --now docker-registry, or free the port"
+        )
+    services._daemon("registry", [BINARY, "serve", str(CONFIG)], PORT, BINARY, host=ADDRESS)
+
+
+# --- the registry's HTTP API v2 -------------------------------------------------------------
+
+
+def _request(method: str, url: str, data=None, headers=None, length=None) -> tuple[int, dict, bytes]:
+    if not url.startswith("https://"):
+        url = f"https://{HOST}{url}"
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if length is not None:
+        req.add_header("Content-Length", str(length))
+    context = ssl.create_default_context(cafile=str(CA_CRT))
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=600) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _expect(status: int, wanted: tuple[int, ...], what: str, body: bytes) -> None:
+    if status not in wanted:
+        raise LabError(f"registry {HOST}: {what}: HTTP {status}: {body[:300]!r}")
+
+
+def _has_blob(name: str, digest: str) -> bool:
+    return _request("HEAD", f"/v2/{name}/blobs/{digest}")[0] == 200
+
+
+def push_blob(name: str, digest: str, path: Path | None = None, data: bytes | None = None) -> None:
+    """A blob into repository `name`: mounted from another repository when the registry has
+    it, uploaded whole (POST, then one PUT with the digest) otherwise."""
+    if _has_blob(name, digest):
+        return
+    for other in sorted({i.name for i in IMAGES} - {name}):
+        status, headers, body = _request(
+            "POST", f"/v2/{name}/blobs/uploads/?mount={digest}&from={other}", b""
+        )
+        if status == 201:
+            return
+        if status == 202:  # not mountable from there: an upload session was opened instead
+            break
+    else:
+        status, headers, body = _request("POST", f"/v2/{name}/blobs/uploads/", b"")
+    _expect(status, (202,), f"start upload to {name}", body)
+    location = headers["Location"]
+    sep = "&" if "?" in location else "?"
+    size = path.stat().st_size if path is not None else len(data or b"")
+    with open(path, "rb") if path is not None else contextlib.nullcontext(data or b"") as body_file:
+        status, _, body = _request(
+            "PUT",
+            f"{location}{sep}digest={digest}",
+            data=body_file,
+            headers={"Content-Type": "application/octet-stream"},
+            length=size,
+        )
+    _expect(status, (201,), f"upload {digest} to {name}", body)
+
+
+def manifest_digest(name: str, tag: str) -> str | None:
+    status, headers, _ = _request("HEAD", f"/v2/{name}/manifests/{tag}", headers={"Accept": MANIFEST_TYPE})
+    return headers.get("Docker-Content-Digest") if status == 200 else None
+
+
+def wait_ready(timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status, _, body = _request("GET", "/v2/")
+            if status == 200:
+                return
+        except OSError as e:
+            body = str(e).encode()
+        if time.monotonic() > deadline:
+            raise LabError(
+                f"registry {HOST} does not answer /v2/: {body[:200]!r}; see {STATE}/logs/registry.log"
+            )
+        time.sleep(0.2)
+
+
+# --- building the layers --------------------------------------------------------------------
+
+
+class _Hashing:
+    """A write-only stream that hashes and counts what passes through to `out`."""
+
+    def __init__(self, out):
+        self.out, self.sha, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.sha.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class Layer:
+    path: Path  # the gzipped tar
+    digest: str  # sha256 of the gzipped tar: the blob
+    size: int
+    diff_id: str  # sha256 of the tar: the image config's rootfs.diff_ids
+
+    def descriptor(self) -> dict:
+        return {"mediaType": LAYER_TYPE, "size": self.size, "digest": self.digest}
+
+
+def _fixed(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Same metadata on every machine: fixed mtime, numeric owners only (the ids are part of
+    the root filesystem; the names come from the machine that builds it)."""
+    info.mtime = MTIME
+    info.uname = info.gname = ""
+    return info
+
+
+def write_layer(key: str, fill) -> Layer:
+    """The layer `fill(tar)` writes, cached under `key` (same key: the same inputs)."""
+    LAYERS.mkdir(parents=True, exist_ok=True)
+    path, meta = LAYERS / f"{key}.tar.gz", LAYERS / f"{key}.json"
+    if path.exists() and meta.exists():
+        m = json.loads(meta.read_text())
+        return Layer(path, m["digest"], m["size"], m["diff_id"])
+    tmp = path.with_suffix(".part")
+    with open(tmp, "wb") as raw:
+        blob = _Hashing(raw)
+        with gzip.GzipFile(filename="", mode="wb", fileobj=blob, mtime=0, compresslevel=6) as gz:
+            tar_stream = _Hashing(gz)
+            with tarfile.open(fileobj=tar_stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                fill(tar)
+    layer = Layer(path, blob.digest, blob.size, tar_stream.digest)
+    meta.write_text(json.dumps({"digest": layer.digest, "size": layer.size, "diff_id": layer.diff_id}))
+    tmp.rename(path)
+    return layer
+
+
+def _walk(root: Path):
+    """Every path under `root`, relative, in a fixed order; the contents of EMPTY_DIRS left out."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        if rel in EMPTY_DIRS:
+            dirnames[:] = []
+            continue
+        dirnames.sort()
+        # os.walk lists a symlink to a directory as a directory and does not descend into it.
+        for name in sorted(filenames + dirnames):
+            yield os.path.normpath(os.path.join(rel, name))
+
+
+def rootfs_key(root: Path = BASE_ROOTFS) -> str:
+    """A cache key of the root filesystem: every path's type, mode, owner, size and mtime."""
+    h = hashlib.sha256(f"rootfs {BUILD_FORMAT}\n".encode())
+    for rel in sorted(_walk(root)):
+        st = os.lstat(root / rel)
+        h.update(f"{rel}\0{st.st_mode}\0{st.st_uid}\0{st.st_gid}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "rootfs-" + h.hexdigest()[:32]
+
+
+def fill_rootfs(root: Path):
+    def fill(tar: tarfile.TarFile) -> None:
+        for rel in sorted(_walk(root)):
+            full = root / rel
+            mode = os.lstat(full).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                continue  # device nodes, sockets, FIFOs: nothing an image carries
+            info = _fixed(tar.gettarinfo(str(full), rel))
+            if info.isreg():
+                with open(full, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+    return fill
+
+
+def fetch_wheels() -> list[Path]:
+    """The pinned wheels, downloaded once; pip checks every sha256 (--require-hashes)."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    wanted = [WHEELS / name for name in sorted(WHEELS_PINNED)]
+    if all(
+        p.exists() and hashlib.sha256(p.read_bytes()).hexdigest() == WHEELS_PINNED[p.name] for p in wanted
+    ):
+        return wanted
+    requirements = WHEELS / "requirements.txt"
+    lines = []
+    for name, sha in sorted(WHEELS_PINNED.items()):
+        project, version = name.split("-")[:2]
+        lines.append(f"{project}=={version} --hash=sha256:{sha}")
+    requirements.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+         "--only-binary=:all:", "--require-hashes", "--python-version", "3.11", "--implementation", "py",
+         "--platform", "any", "-d", str(WHEELS), "-r", str(requirements)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise LabError(f"pip download of the task images' wheels failed: {proc.stderr.strip()[-2000:]}")
+    return wanted
+
+
+def wheels_key(wheels: list[Path]) -> str:
+    h = hashlib.sha256(f"wheels {BUILD_FORMAT} {SITE_PACKAGES}\n".encode())
+    for p in wheels:
+        h.update(f"{p.name} {WHEELS_PINNED[p.name]}\n".encode())
+    return "wheels-" + h.hexdigest()[:32]
+
+
+def fill_wheels(wheels: list[Path]):
+    """The wheels unpacked into SITE_PACKAGES, as pip installs their files, without the
+    command-line scripts (what a trial needs is `import boto3`)."""
+
+    def fill(tar: tarfile.TarFile) -> None:
+        entries: dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] = {}
+        zips = [zipfile.ZipFile(p) for p in wheels]
+        for z in zips:
+            for item in z.infolist():
+                if item.is_dir():
+                    continue
+                top, _, rest = item.filename.partition("/")
+                if top.endswith(".data"):
+                    kind, _, rest = rest.partition("/")
+                    if kind == "scripts":
+                        continue  # command-line entry points (jmespath's jp.py): not for `import`
+                    if kind not in ("purelib", "platlib"):
+                        raise LabError(f"{z.filename}: {item.filename}: not unpacked here")
+                    target = f"{SITE_PACKAGES}/{rest}"
+                else:
+                    target = f"{SITE_PACKAGES}/{item.filename}"
+                if target in entries:
+                    raise LabError(f"{item.filename} is in two wheels")
+                entries[target] = (z, item)
+        dirs = {str(Path(t).parent) for t in entries}
+        dirs |= {str(p) for d in list(dirs) for p in Path(d).parents if str(p) != "."}
+        for d in sorted(dirs):
+            info = _fixed(tarfile.TarInfo(d))
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for target in sorted(entries):
+            z, item = entries[target]
+            data = z.read(item)
+            info = _fixed(tarfile.TarInfo(target))
+            info.size = len(data)
+            info.mode = 0o755 if (item.external_attr >> 16) & 0o111 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+        for z in zips:
+            z.close()
+
+    return fill
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+def image_config(image: Image, layers: list[Layer]) -> bytes:
+    """The image config (Docker image spec v1.2): no creation time, so it is reproducible."""
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": list(image.env), "Cmd": ["/bin/bash"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        "history": [
+            {"created_by": "tests/lab/registry.py: the lab's base root filesystem (Debian 12)"},
+            {"created_by": "tests/lab/registry.py: boto3 and its dependencies"},
+        ],
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest(config: bytes, layers: list[Layer]) -> bytes:
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "size": len(config), "digest": _sha(config)},
+        "layers": [layer.descriptor() for layer in layers],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sha(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def build_layers(log=print) -> list[Layer]:
+    import time
+
+    t0 = time.monotonic()
+    base_key = rootfs_key()
+    cached = (LAYERS / f"{base_key}.tar.gz").exists()
+    base = write_layer(base_key, fill_rootfs(BASE_ROOTFS))
+    wheels = fetch_wheels()
+    python = write_layer(wheels_key(wheels), fill_wheels(wheels))
+    if not cached:
+        log(f"task image layers built ({time.monotonic() - t0:.1f}s)")
+    return [base, python]
+
+
+def push_images(layers: list[Layer]) -> dict[str, str]:
+    """Every image of IMAGES in the registry; image ref (name:tag) -> manifest digest."""
+    digests = {}
+    for image in IMAGES:
+        config = image_config(image, layers)
+        body = manifest(config, layers)
+        digest = _sha(body)
+        if manifest_digest(image.name, image.tag) != digest:
+            for layer in layers:
+                push_blob(image.name, layer.digest, path=layer.path)
+            push_blob(image.name, _sha(config), data=config)
+            status, headers, answer = _request(
+                "PUT",
+                f"/v2/{image.name}/manifests/{image.tag}",
+                data=body,
+                headers={"Content-Type": MANIFEST_TYPE},
+            )
+            _expect(status, (201,), f"push manifest {image.ref}", answer)
+            if headers.get("Docker-Content-Digest") != digest:
+                raise LabError(
+                    f"{image.ref}: the registry stored {headers.get('Docker-Content-Digest')}, not {digest}"
+                )
+        digests[image.ref] = digest
+    return digests
+
+
+def ensure(log=print) -> dict[str, str]:
+    """The registry running with every lab image; name:tag -> name:tag@digest."""
+    ensure_daemon()
+    wait_ready()
+    digests = push_images(build_layers(log))
+    return {ref: f"{ref}@{digest}" for ref, digest in digests.items()}
+
+
+# --- cluster.yaml's task_image lines ---------------------------------------------------------
+
+_TASK_IMAGE_LINE = re.compile(r"(?m)^(    (?:gpu|cpu): )(\S+)$")
+
+
+def rewrite_task_images(text: str, pinned: dict[str, str]) -> tuple[str, list[str]]:
+    """`text` with each determined.task_image line that names a lab image (name:tag) pinned
+    to `pinned[name:tag]`; only those lines change. Returns the text and the keys changed."""
+    start = text.find("\n  task_image:\n")
+    if start < 0:
+        return text, []
+    end = start + len("\n  task_image:\n")
+    while True:  # the block: the lines indented deeper than `task_image:`
+        m = re.compile(r" {4}.*\n").match(text, end)
+        if m is None:
+            break
+        end = m.end()
+    changed = []
+
+    def pin(m: re.Match) -> str:
+        ref = m.group(2)
+        new = pinned.get(ref.split("@", 1)[0], ref)
+        if new != ref:
+            changed.append(m.group(1).strip().rstrip(":"))
+        return m.group(1) + new
+
+    block = _TASK_IMAGE_LINE.sub(pin, text[start:end])
+    return text[:start] + block + text[end:], changed
+
+
+def update_cluster_yaml(cluster_path: Path, pinned: dict[str, str]) -> list[str]:
+    text = cluster_path.read_text()
+    new, changed = rewrite_task_images(text, pinned)
+    if new != text:
+        cluster_path.write_text(new)
+    return changed
+
+
+def main() -> int:
+    """`python -m tests.lab.registry`: the lab images' references with this machine's digests."""
+    for ref in ensure().values():
+        print(f"{HOST}/{ref}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
