@@ -1,0 +1,14 @@
+"""Experiment configurations for this cluster: `new` writes one, `lint` checks one.
+
+    python -m deploy.experiment new --cluster CLUSTER_YAML [--slots N] [--nvlink-slots N] [--out DIR]
+    python -m deploy.experiment lint --cluster CLUSTER_YAML [--nvlink-slots N] [--strict]
+                                     EXPERIMENT_YAML [MODEL_DIR]
+
+    target.py     what this cluster gives an experiment: bucket, endpoint, images, slot limits
+    template.py   the experiment YAML and the example Core API model `new` writes
+    schema.py     Determined 0.38.0's own schemas (schemas/, copied from its repository)
+    lint.py       the schema plus this cluster's rules; code.py the model directory's rules
+    __main__.py   the command line
+
+docs/experiments.md describes the template and every rule with the pitfall it prevents.
+"""
