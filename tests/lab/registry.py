@@ -160,16 +160,27 @@ def ensure_ca() -> Path:
     return CA_CRT
 
 
+# Every lab's controller address: the default lab's 10.77.0.1 and the bench's and the lab
+# tests' clusters on 10.77.<n>.0/24 (tests/lab/bench.py). Go's TLS, Docker's, checks the IP
+# SAN, not the CN.
+SERVED_ADDRESSES = [f"10.77.{n}.1" for n in range(256)]
+# The controller's own pushes and checks go over loopback: the registry serves every address,
+# and the default lab's bridge (10.77.0.1) need not exist while another lab is up.
+LOCAL = "127.0.0.1"
+
+
 def ensure_server_cert() -> None:
-    """A certificate for 10.77.0.1 (Go's TLS, Docker's, checks the IP SAN, not the CN)."""
-    if SERVER_CRT.exists() and SERVER_KEY.exists():
+    """A certificate for every lab's controller address (made again when that list changes)."""
+    ext = DIR / "server.ext"
+    wanted = (
+        "subjectAltName=" + ",".join(f"IP:{a}" for a in [LOCAL, *SERVED_ADDRESSES]) + "\n"
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    if SERVER_CRT.exists() and SERVER_KEY.exists() and ext.exists() and ext.read_text() == wanted:
         return
     csr = DIR / "server.csr"
-    ext = DIR / "server.ext"
-    ext.write_text(
-        f"subjectAltName=IP:{ADDRESS}\nbasicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
-    )
+    ext.write_text(wanted)
     run("openssl", "req", "-new", *EC_KEY, "-keyout", SERVER_KEY, "-out", csr, "-subj", f"/CN={ADDRESS}")
     serial = str(int.from_bytes(os.urandom(8), "big"))
     signing = ["-CA", CA_CRT, "-CAkey", CA_KEY, "-set_serial", serial, "-days", "825", "-extfile", ext]
@@ -184,7 +195,9 @@ def write_config() -> None:
         "version: 0.1\n"
         "log:\n  level: info\n"
         f"storage:\n  filesystem:\n    rootdirectory: {STORAGE}\n  cache:\n    blobdescriptor: inmemory\n"
-        f"http:\n  addr: {HOST}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
+        # Every address, as the lab mirror (tests/lab/services.py): each lab's nodes reach it on
+        # their own controller address (10.77.<n>.1).
+        f"http:\n  addr: 0.0.0.0:{PORT}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
     )
     if not CONFIG.exists() or CONFIG.read_text() != text:
         CONFIG.write_text(text)
@@ -199,14 +212,14 @@ def ensure_daemon() -> None:
     ensure_server_cert()
     STORAGE.mkdir(parents=True, exist_ok=True)
     write_config()
-    if services._listening(PORT, ADDRESS) and not services._pid_alive(RUN / "registry.pid", BINARY):
+    if services._listening(PORT, LOCAL) and not services._pid_alive(RUN / "registry.pid", BINARY):
         # Debian's package enables docker-registry.service (:5000 on every address) where
         # systemd runs: two registries cannot share the port.
         raise LabError(
-            f"port {PORT} on {ADDRESS} is taken by another process (Debian's docker-registry service?): "
+            f"port {PORT} is taken by another process (Debian's docker-registry service?): "
             "systemctl disable --now docker-registry, or free the port"
         )
-    services._daemon("registry", [BINARY, "serve", str(CONFIG)], PORT, BINARY, host=ADDRESS)
+    services._daemon("registry", [BINARY, "serve", str(CONFIG)], PORT, BINARY, host=LOCAL)
 
 
 # --- the registry's HTTP API v2 -------------------------------------------------------------
@@ -214,7 +227,7 @@ def ensure_daemon() -> None:
 
 def _request(method: str, url: str, data=None, headers=None, length=None) -> tuple[int, dict, bytes]:
     if not url.startswith("https://"):
-        url = f"https://{HOST}{url}"
+        url = f"https://{LOCAL}:{PORT}{url}"
     req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
     if length is not None:
         req.add_header("Content-Length", str(length))

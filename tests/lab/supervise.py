@@ -68,27 +68,29 @@ def nspawn_argv(args) -> list[str]:
     ]
 
 
-def cgroups_writable(nspawn_pid: int) -> bool:
-    """Remount the node's cgroup v1 controllers read-write; True once done (or nothing to do).
+def cgroups_writable(nspawn_pid: int) -> None:
+    """Remount the node's read-only cgroup v1 controllers read-write.
 
     Without a user namespace nspawn mounts every cgroup v1 controller read-only inside the
     node (only name=systemd is writable), and Docker's cgroupfs driver must create a cgroup
     per container in each controller ("mkdir /sys/fs/cgroup/cpuset/docker: read-only file
-    system"). A real server's Docker writes there freely; so must the lab's.
+    system"). A real server's Docker writes there freely; so must the lab's. Called every
+    second for the node's whole life: nspawn mounts the controllers one by one while the node
+    boots, so a single pass could see only some of them.
     """
     try:
         children = Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()
         mounts = Path(f"/proc/{children[0]}/mountinfo").read_text().splitlines() if children else []
     except OSError:
-        return False
-    ro = [m.split()[4] for m in mounts if " - cgroup " in m and m.split()[5].startswith("ro")]
-    ro = [point for point in ro if point.startswith("/sys/fs/cgroup/") and point != "/sys/fs/cgroup/systemd"]
-    if not children or not any(" /sys/fs/cgroup/" in m for m in mounts):
-        return False  # nspawn has not mounted the node's cgroups yet
-    for point in ro:
-        remount = ["nsenter", "-t", children[0], "-m", "mount", "-o", "remount,bind,rw", point]
-        subprocess.run(remount, capture_output=True, check=False)
-    return True
+        return
+    for line in mounts:
+        fields = line.split()
+        point, options = fields[4], fields[5]
+        if " - cgroup " not in line or not options.startswith("ro"):
+            continue
+        if point.startswith("/sys/fs/cgroup/") and point != "/sys/fs/cgroup/systemd":
+            remount = ["nsenter", "-t", children[0], "-m", "mount", "-o", "remount,bind,rw", point]
+            subprocess.run(remount, capture_output=True, check=False)
 
 
 def reset_kernel_network_state(netns: str) -> None:
@@ -141,10 +143,8 @@ def main() -> int:
         reset_kernel_network_state(args.netns)  # every boot starts from a clean kernel
         child = subprocess.Popen(nspawn_argv(args), stdin=subprocess.DEVNULL)
         Path(args.pidfile).write_text(f"{child.pid}\n")
-        writable = False
         while True:
-            if not writable:
-                writable = cgroups_writable(child.pid)
+            cgroups_writable(child.pid)
             try:
                 status = child.wait(timeout=1)
                 break

@@ -74,23 +74,28 @@ def test_breaks_turn_exactly_their_cells_red_and_a_deploy_repairs_them(
         f"sed -i -e 's|^    cuda: .*|    cuda: {ngc}|' "
         f"-e 's|^  endpoint_url: .*|  endpoint_url: {unresolvable}|' {MASTER_YAML}"
     )
-    lab_ssh(master, edit)
-    for h in switched:
-        lab_ssh(h, "systemctl stop nvidia-fabricmanager")
-        out = lab_ssh(h, gpu_run(image) + "python3 -c " + shlex.quote(CUINIT)).stdout.strip()
-        assert out == "802", out  # CUDA_ERROR_SYSTEM_NOT_READY
+    try:
+        lab_ssh(master, edit)
+        for h in switched:
+            lab_ssh(h, "systemctl stop nvidia-fabricmanager")
+            out = lab_ssh(h, gpu_run(image) + "python3 -c " + shlex.quote(CUINIT)).stdout.strip()
+            assert out == "802", out  # CUDA_ERROR_SYSTEM_NOT_READY
 
-    junit = tmp_path / "verify.xml"
-    result = run_verify("-n", "4", f"--junitxml={junit}")
-    assert result.returncode != 0
-    expected = {f"test_determined::test_master_yaml[{master}]"}
-    for agent in lab.agents:
-        expected.add(f"test_trial_container::test_trial_image_cuda_within_driver[{agent.hostname}]")
-        expected.add(f"test_trial_container::test_s3_round_trip_from_bridge_container[{agent.hostname}]")
-    for h in switched:
-        expected.add(f"test_gpu_stack::test_fabric_manager_matches_nvswitches[{h}]")
-        expected.add(f"test_trial_container::test_gpu_container_sees_gpus_and_cuda_initialises[{h}]")
-    assert failing_cells(junit) == expected, result.stdout[-6000:]
+        junit = tmp_path / "verify.xml"
+        result = run_verify("-n", "4", f"--junitxml={junit}")
+        assert result.returncode != 0
+        expected = {f"test_determined::test_master_yaml[{master}]"}
+        for agent in lab.agents:
+            expected.add(f"test_trial_container::test_trial_image_cuda_within_driver[{agent.hostname}]")
+            expected.add(f"test_trial_container::test_s3_round_trip_from_bridge_container[{agent.hostname}]")
+        for h in switched:
+            expected.add(f"test_gpu_stack::test_fabric_manager_matches_nvswitches[{h}]")
+            expected.add(f"test_trial_container::test_gpu_container_sees_gpus_and_cuda_initialises[{h}]")
+        assert failing_cells(junit) == expected, result.stdout[-6000:]
+
+    except BaseException:
+        deploy()  # the lab is shared: leave it repaired for the tests after this one
+        raise
 
     repair = deploy()
     assert repair.returncode == 0, repair.stderr[-3000:]
