@@ -19,6 +19,7 @@ from roles import (
     cuda,
     determined_agent,
     determined_master,
+    determined_users,
     docker,
     firewall,
     gpu_services,
@@ -71,6 +72,8 @@ def run() -> None:
         pg_backup.apply(cluster=cluster, node=node)
     if "master" in roles:
         determined_master.apply(cluster=cluster, node=node)
+    if "master" in roles:
+        determined_users.apply(cluster=cluster, node=node)
     if "agent" in roles:
         docker.apply(cluster=cluster, node=node)
     if "agent" in roles:

@@ -368,9 +368,11 @@ class Determined:
     admin_password: Annotated[
         Secret,
         SecretKey(
-            "the initial password of Determined's admin user",
-            "the initial password of Determined's admin user; Determined's policy: 8+ characters "
-            "with an upper-case letter, a lower-case letter and a digit",
+            "the password of Determined's admin user",
+            "the password of Determined's admin user: the master's initial one, and set through its "
+            "API by a later deploy when it changed (run that deploy with DET_USER/DET_PASS naming a "
+            "login that works); Determined's policy: 8+ characters with an upper-case letter, a "
+            "lower-case letter and a digit",
         ),
     ]
     agent_layout: Annotated[

@@ -170,6 +170,7 @@ def test_plan_follows_the_articles_checklist():
         ("postgresql", "master"),
         ("pg_backup", "master"),
         ("determined_master", "master"),
+        ("determined_users", "master"),
         ("docker", "agent"),
         ("task_images", "agent"),
         ("barrier", None),

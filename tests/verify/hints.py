@@ -227,6 +227,22 @@ HINTS: dict[str, Hint] = {
         "master.yaml changed without a restart, or was edited by hand",
         REDEPLOY + " (it restarts the master when master.yaml changed)",
     ),
+    "test_master_admin_password_is_the_configured_one": Hint(
+        "the master refuses admin's login with determined.admin_password (changed after the "
+        "first start, or a restored database): verify, deploy.rebuild and the deploy cannot log in",
+        "re-run the deploy with DET_USER/DET_PASS set to an admin login that works: it sets "
+        "admin's password to determined.admin_password",
+    ),
+    "test_master_refuses_blank_passwords": Hint(
+        "a user of the master logs in with a blank password (a user added without one, or a "
+        "master first started without security.initial_user_password)",
+        "`det -u admin user change-password USER` (or `det -u admin user deactivate USER`) "
+        "for each user the check names; " + REDEPLOY + " for admin",
+    ),
+    "test_determined_user_inactive": Hint(
+        "the built-in user determined is active (it was given admin's initial password)",
+        REDEPLOY + " (it deactivates determined and gives it a random password)",
+    ),
     "test_docker_with_nvidia_runtime": Hint(
         "Docker missing, older than 20.10, or without the nvidia runtime",
         "`docker info` on {node} (Runtimes); " + REDEPLOY + " (docker + nvidia-container-toolkit)",

@@ -275,6 +275,39 @@ def test_master_task_container_defaults(cluster):
     assert endpoint == trial_endpoint(cluster), f"the master hands trials endpoint_url {endpoint}"
 
 
+def _login(cluster, username: str, password: str) -> tuple[int, dict | None]:
+    return _http(f"{_master_url(cluster)}/api/v1/auth/login", {"username": username, "password": password})
+
+
+def test_master_admin_password_is_the_configured_one(cluster):
+    status, _ = _login(cluster, "admin", cluster.determined.admin_password.value)
+    assert status == 200, f"login as admin with determined.admin_password -> {status}"
+
+
+def test_master_refuses_blank_passwords(cluster):
+    """No user, built-in or added later, logs in with a blank password (Determined lets a user
+    without a password in with a blank one: model.User.ValidatePassword)."""
+    status, body = _login(cluster, "admin", cluster.determined.admin_password.value)
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=body["token"])
+    assert status == 200, f"GET /api/v1/users -> {status}"
+    names = sorted({"admin", "determined"} | {u["username"] for u in listed["users"] if not u.get("remote")})
+    let_in = [name for name in names if _login(cluster, name, "")[0] == 200]
+    assert let_in == [], f"the master lets {let_in} log in with a blank password"
+
+
+def test_determined_user_inactive(cluster):
+    """The built-in `determined` user had admin's initial password: the deploy deactivates it."""
+    status, body = _login(cluster, "admin", cluster.determined.admin_password.value)
+    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
+    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=body["token"])
+    assert status == 200, f"GET /api/v1/users -> {status}"
+    active = [u["username"] for u in listed["users"] if u["username"] == "determined" and u.get("active")]
+    assert active == [], "the built-in user determined is active"
+    status, _ = _login(cluster, "determined", cluster.determined.admin_password.value)
+    assert status != 200, "determined logs in with determined.admin_password"
+
+
 # --- agents -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,213 @@
+# Run on the master node by roles/determined_users.py (`python3 -c`; nothing is installed).
+"""Determined's built-in users through the master's own REST API on 127.0.0.1.
+
+  status PORT CONFIG          one JSON line and exit 0, no secret in it:
+                              {"master": "up"|"down", "admin": "ok"|"refused"|"inactive"|
+                               "unconfigured"|"error", "determined": "active"|"inactive"|
+                               "absent"|"unknown"}
+  apply PORT CONFIG [LOGIN]   admin's password made the configured one, `determined`
+                              deactivated; LOGIN is a 0600 JSON file {"username", "password"}
+                              of an admin login that works (DET_USER/DET_PASS), needed only
+                              when admin's password is another
+
+The configured password is master.yaml's security.initial_user_password (CONFIG: 0600 root,
+a JSON string written by roles/determined_master.py), where the node already holds it.
+The requests are those of Determined's own Python client (harness/determined/common/api/
+authentication.py and common/experimental/user.py at v0.38.0): the password salted and hashed
+on the client (sha512 hex of a fixed salt + password) with isHashed; PATCH /api/v1/users/{id}
+with {"password", "isHashed"} or {"active": false}. Standard library only (Python 3.8 on
+Ubuntu 20.04); secrets are read from files, never taken from the command line.
+"""
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SALT = "GubPEmmotfiK9TMD6Zdw"  # authentication.py PASSWORD_SALT; user/passwords.go on the master
+WAIT = 120  # seconds the master may take to answer (a restart after a configuration change)
+
+
+def salt_and_hash(password):
+    # authentication.salt_and_hash: a blank password stays blank.
+    return hashlib.sha512((SALT + password).encode()).hexdigest() if password else ""
+
+
+def die(message):
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+class Master:
+    def __init__(self, port):
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call(self, method, path, body=None, token=None):
+        """(HTTP status, parsed body); status None when the master does not answer."""
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = "Bearer " + token
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=15) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, json.loads(e.read() or b"{}")
+            except ValueError:
+                return e.code, {}
+        except (OSError, ValueError):
+            return None, {}
+
+    def login(self, username, password):
+        body = {"username": username, "password": salt_and_hash(password), "isHashed": True}
+        return self.call("POST", "/api/v1/auth/login", body)
+
+    def users(self, token):
+        status, body = self.call("GET", "/api/v1/users", token=token)
+        if status != 200:
+            die(f"GET /api/v1/users on {self.url}: {reason(status, body)}")
+        return {u.get("username"): u for u in body.get("users") or []}
+
+    def patch(self, token, user, fields, what):
+        status, body = self.call("PATCH", f"/api/v1/users/{user['id']}", fields, token)
+        if status != 200:
+            die(f"{what} (PATCH /api/v1/users/{user['id']}): {reason(status, body)}")
+
+    def logout(self, token):
+        self.call("POST", "/api/v1/auth/logout", token=token)
+
+
+def reason(status, body):
+    if status is None:
+        return "the master does not answer"
+    error = body.get("error") if isinstance(body, dict) else None
+    detail = error.get("error") if isinstance(error, dict) else None
+    return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
+
+
+def configured(path):
+    """security.initial_user_password of master.yaml, or None."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    m = re.search(r"^\s+initial_user_password:\s*(.*?)\s*$", text, re.M)
+    if not m:
+        return None
+    try:
+        value = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def determined_state(users):
+    user = users.get("determined")
+    if user is None:
+        return "absent"
+    return "active" if user.get("active") else "inactive"
+
+
+def status(master, password):
+    state = {"master": "down", "admin": "error", "determined": "unknown"}
+    if password is None:
+        state["admin"] = "unconfigured"
+        return state
+    code, body = master.login("admin", password)
+    if code is None:
+        return state
+    state["master"] = "up"
+    if code == 200:
+        state["admin"] = "ok"
+        listed, users = master.call("GET", "/api/v1/users", token=body["token"])
+        if listed == 200:
+            state["determined"] = determined_state({u.get("username"): u for u in users.get("users") or []})
+        master.logout(body["token"])
+    elif code == 401:
+        state["admin"] = "refused"
+    elif code == 403:  # grpcutil.ErrNotActive: the password is right, the user deactivated
+        state["admin"] = "inactive"
+    return state
+
+
+def admin_token(master, password, login_path):
+    """A token of admin logged in with `password`, setting that password first (as the
+    operator's DET_USER/DET_PASS login) when the master refuses it."""
+    deadline = time.monotonic() + WAIT
+    code, body = master.login("admin", password)
+    while code is None or code >= 500:
+        if time.monotonic() > deadline:
+            die(f"the Determined master on {master.url}: {reason(code, body)} within {WAIT} s")
+        time.sleep(2)
+        code, body = master.login("admin", password)
+    if code == 200:
+        return body["token"]
+    if code not in (401, 403):
+        die(f"login as admin on {master.url}: {reason(code, body)}")
+    if login_path is None:
+        die(
+            f"the master refuses admin's login with determined.admin_password ({reason(code, body)}; "
+            "it was changed after the master's first start, or the database was restored): run the "
+            "deploy with DET_USER/DET_PASS set to an admin login that works, and it sets admin's "
+            "password to determined.admin_password"
+        )
+    with open(login_path) as f:
+        login = json.load(f)
+    code, body = master.login(login["username"], login["password"])
+    if code != 200:
+        die(
+            f"DET_USER/DET_PASS: the master refuses that login too ({reason(code, body)}): set them "
+            "to an admin login that works"
+        )
+    operator = body["token"]
+    admin = master.users(operator).get("admin")
+    if admin is None:
+        die("the master has no user admin (DET_USER/DET_PASS logged in); create it, then deploy again")
+    # An inactive admin is made active again: the deploy, verify and deploy.rebuild log in as it.
+    fields = {"password": salt_and_hash(password), "isHashed": True}
+    if not admin.get("active"):
+        fields["active"] = True
+    master.patch(operator, admin, fields, "setting admin's password as DET_USER")
+    print("admin: password set to determined.admin_password (logged in as DET_USER)")
+    master.logout(operator)  # refused when DET_USER is admin: the change ended its sessions
+    code, body = master.login("admin", password)
+    if code != 200:
+        die(f"login as admin with its new password: {reason(code, body)}")
+    return body["token"]
+
+
+def apply(master, password, login_path):
+    if password is None:
+        die("no security.initial_user_password in the master's configuration")
+    token = admin_token(master, password, login_path)
+    user = master.users(token).get("determined")
+    if user is not None and user.get("active"):
+        # Its own password first: the built-in user was given admin's (security.
+        # initial_user_password sets both), and nobody is to hold this one.
+        random = salt_and_hash(os.urandom(32).hex())
+        fields = {"active": False, "password": random, "isHashed": True}
+        master.patch(token, user, fields, "deactivating the determined user")
+        print("determined: deactivated, with a random password nobody holds")
+    master.logout(token)
+
+
+def main(argv):
+    if len(argv) < 4 or argv[1] not in ("status", "apply"):
+        die("usage: master-users.py status|apply PORT CONFIG [LOGIN]")
+    master = Master(int(argv[2]))
+    password = configured(argv[3])
+    if argv[1] == "status":
+        print(json.dumps(status(master, password), sort_keys=True))
+    else:
+        apply(master, password, argv[4] if len(argv) > 4 else None)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,279 @@
+"""Determined's built-in users (roles/determined_users.py, files/determined/master-users.py).
+
+Without PostgreSQL: what the operation yields for each state the MasterUsers fact reports,
+and that DET_PASS reaches no command line. With a local PostgreSQL (`pg` marker): the node
+program against the determined-master stand-in, from a fresh database to a changed password.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.context import ctx_host
+
+from deploy.facts.determined_users import PROGRAM, MasterUsers
+from roles import determined_users
+from tests.unit.test_standin_determined import MasterProcess, base_config, postgres  # noqa: F401
+
+SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
+OPERATOR_PASSWORD = "Old-Passw0rd 'with' $(quotes)"
+
+
+class FakeHost:
+    def __init__(self, state):
+        self.state = state
+        self.noops: list[str] = []
+        self.asked: list[dict] = []
+
+    def get_fact(self, cls, **kwargs):
+        assert cls is MasterUsers
+        self.asked.append(kwargs)
+        return self.state
+
+    def noop(self, message):
+        self.noops.append(message)
+
+    def get_temp_filename(self, key=None, **kwargs):
+        return f"/tmp/pyinfra-{hashlib.sha1(str(key).encode()).hexdigest()}"
+
+
+def run_op(state) -> tuple[list, FakeHost]:
+    fake = FakeHost(state)
+    with ctx_host.use(fake):
+        commands = list(
+            determined_users.built_in_users._inner(port=8080, config="/etc/determined/master.yaml")
+        )
+    return commands, fake
+
+
+@pytest.fixture(autouse=True)
+def _no_operator_login(monkeypatch):
+    monkeypatch.delenv("DET_USER", raising=False)
+    monkeypatch.delenv("DET_PASS", raising=False)
+
+
+@pytest.mark.parametrize("determined", ["inactive", "absent"])
+def test_settled_master_is_no_change(determined):
+    commands, fake = run_op({**SETTLED, "determined": determined})
+    assert commands == [] and fake.noops
+    assert fake.asked == [{"port": 8080, "config": "/etc/determined/master.yaml"}]
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,  # no python3 (yet)
+        {"master": "down", "admin": "error", "determined": "unknown"},  # first deploy: no master yet
+        {"master": "up", "admin": "ok", "determined": "active"},
+        {"master": "up", "admin": "error", "determined": "unknown"},
+    ],
+)
+def test_other_states_run_the_program_once(state):
+    [command] = run_op(state)[0]
+    text = str(command)
+    assert text.startswith("python3 -c ") and text.endswith(" apply 8080 /etc/determined/master.yaml")
+
+
+@pytest.mark.parametrize("admin", ["refused", "inactive"])
+def test_refused_without_det_pass_fails_with_one_line_naming_them(admin):
+    [command] = run_op({"master": "up", "admin": admin, "determined": "unknown"})[0]
+    assert str(command).endswith("exit 1") and "DET_USER/DET_PASS" in str(command)
+    assert "\n" not in determined_users.REFUSED
+
+
+def test_refused_with_det_pass_uploads_it_in_a_0600_file_only(monkeypatch):
+    monkeypatch.setenv("DET_USER", "ops")
+    monkeypatch.setenv("DET_PASS", OPERATOR_PASSWORD)
+    commands, _ = run_op({"master": "up", "admin": "refused", "determined": "unknown"})
+    create, upload, run = commands
+    assert isinstance(create, StringCommand) and str(create).startswith("install -m 600 /dev/null /tmp/")
+    assert isinstance(upload, FileUploadCommand)
+    assert json.loads(upload.src.getvalue()) == {"username": "ops", "password": OPERATOR_PASSWORD}
+    temp = upload.dest
+    assert str(run).endswith(
+        f" apply 8080 /etc/determined/master.yaml {temp}; status=$?; rm -f {temp}; exit $status"
+    )
+    shown = "\n".join(str(c) for c in (create, run)) + repr(upload)
+    assert "Old-Passw0rd" not in shown
+
+
+def test_det_user_defaults_to_admin(monkeypatch):
+    monkeypatch.setenv("DET_PASS", OPERATOR_PASSWORD)
+    upload = run_op({"master": "up", "admin": "refused", "determined": "unknown"})[0][1]
+    assert json.loads(upload.src.getvalue())["username"] == "admin"
+
+
+def test_fact_parses_the_program_line_and_nothing_else():
+    fact = MasterUsers()
+    assert fact.process(['{"admin": "ok", "determined": "inactive", "master": "up"}']) == SETTLED
+    assert fact.process(["Traceback (most recent call last):"]) is None
+    command = fact.command(port=8080, config="/etc/determined/master.yaml")
+    assert command.startswith("python3 -c '") and command.endswith(
+        "' status 8080 /etc/determined/master.yaml"
+    )
+
+
+def test_program_parses_as_python_38():
+    # Ubuntu 20.04's python3 is 3.8.
+    ast.parse(PROGRAM.read_text(), str(PROGRAM), feature_version=(3, 8))
+
+
+# --------------------------------------------------------------------------- with PostgreSQL
+
+
+def program(mode: str, port: int, config: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", PROGRAM.read_text(), mode, str(port), str(config), *extra],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+
+
+def status(port: int, config: Path) -> dict:
+    run = program("status", port, config)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def master_yaml(path: Path, password: str) -> Path:
+    """The lines of roles/determined_master.py's master.yaml the program reads."""
+    path.write_text(f"port: 8080\nsecurity:\n  initial_user_password: {json.dumps(password)}\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def database(postgres):  # noqa: F811
+    """The module's database, emptied: each test starts a master on a fresh one (first start)."""
+    subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-q",
+            "-p",
+            str(postgres["port"]),
+            "-d",
+            postgres["name"],
+        ],
+        input=f"DROP SCHEMA public CASCADE;\nCREATE SCHEMA public AUTHORIZATION {postgres['user']};\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    return postgres
+
+
+def login(master: MasterProcess, username: str, password: str) -> int:
+    return master.request("POST", "/api/v1/auth/login", {"username": username, "password": password})[0]
+
+
+@pytest.mark.pg
+def test_program_against_the_standin(tmp_path, database):
+    config = base_config(tmp_path, database["port"])
+    config["db"] = dict(database)
+    first, second = "Admin-Passw0rd", "Second-Passw0rd"
+    conf = master_yaml(tmp_path / "deployed.yaml", first)
+    master = MasterProcess(tmp_path, config)
+    try:
+        master.wait_healthy()
+        port = master.port
+        # First start: both built-in users have the initial password (core.go).
+        assert status(port, conf) == {"master": "up", "admin": "ok", "determined": "active"}
+        assert login(master, "determined", first) == 200
+        run = program("apply", port, conf)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines() == ["determined: deactivated, with a random password nobody holds"]
+        assert status(port, conf) == SETTLED
+        # Blank and wrong passwords: 401; determined no longer takes admin's initial password.
+        for user, password in (("admin", ""), ("determined", ""), ("determined", first)):
+            assert login(master, user, password) == 401, (user, password)
+        again = program("apply", port, conf)
+        assert again.returncode == 0 and again.stdout == "", again.stderr
+
+        # determined.admin_password changed in cluster.yaml: master.yaml says the new one.
+        changed = master_yaml(tmp_path / "changed.yaml", second)
+        assert status(port, changed) == {"master": "up", "admin": "refused", "determined": "unknown"}
+        refused = program("apply", port, changed)
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert len(refused.stderr.strip().splitlines()) == 1 and "DET_USER/DET_PASS" in refused.stderr
+        wrong = tmp_path / "wrong.json"
+        wrong.write_text(json.dumps({"username": "admin", "password": "Not-The-0ne"}))
+        refused = program("apply", port, changed, str(wrong))
+        assert (
+            refused.returncode == 1
+            and "DET_USER/DET_PASS: the master refuses that login too" in refused.stderr
+        )
+        operator = tmp_path / "login.json"
+        operator.write_text(json.dumps({"username": "admin", "password": first}))
+        run = program("apply", port, changed, str(operator))
+        assert run.returncode == 0, run.stderr
+        assert "admin: password set to determined.admin_password" in run.stdout
+        assert status(port, changed) == SETTLED
+        assert login(master, "admin", first) == 401 and login(master, "admin", second) == 200
+        assert first not in run.stdout + run.stderr and second not in run.stdout + run.stderr
+    finally:
+        master.kill()
+    assert second not in (tmp_path / "master.log").read_text()
+
+
+@pytest.mark.pg
+def test_standin_user_endpoints_refuse_as_the_real_master(tmp_path, database):
+    config = base_config(tmp_path, database["port"])
+    config["db"] = dict(database)
+    master = MasterProcess(tmp_path, config)
+    try:
+        master.wait_healthy()
+        status_code, body = master.login("Admin-Passw0rd")
+        admin = body["token"]
+        status_code, body = master.request("GET", "/api/v1/users", token=admin)
+        assert status_code == 200
+        users = {u["username"]: u for u in body["users"]}
+        assert sorted(users) == ["admin", "determined"] and users["admin"]["admin"]
+        assert not users["determined"]["admin"] and users["determined"]["active"]
+        who = users["determined"]["id"]
+        code, body = master.request(
+            "POST", "/api/v1/auth/login", {"username": "determined", "password": "Admin-Passw0rd"}
+        )
+        determined = body["token"]
+        # basic authz: a non-admin may not deactivate anyone (CanSetUsersActive).
+        code, body = master.request(
+            "PATCH", f"/api/v1/users/{users['admin']['id']}", {"active": False}, determined
+        )
+        assert code == 403 and body["error"]["error"] == "only admin privileged users can update users"
+        assert master.request("PATCH", "/api/v1/users/999", {"active": False}, admin)[0] == 404
+        code, body = master.request("PATCH", f"/api/v1/users/{who}", {"active": False}, admin)
+        assert code == 200 and body["user"]["active"] is False
+        # A deactivated user's session: PermissionDenied (grpcutil.GetUser); its login: "user is
+        # not active" after the password check, a wrong password still 401 (api_auth.go Login).
+        assert master.request("GET", "/api/v1/me", token=determined)[0] == 403
+        code, body = master.request(
+            "POST", "/api/v1/auth/login", {"username": "determined", "password": "Admin-Passw0rd"}
+        )
+        assert code == 403 and body["error"]["error"] == "user is not active"
+        assert login(master, "determined", "") == 401
+        # SetUserPassword: the body is the password string; sessions of that user end.
+        conn_code, _ = master.request(
+            "POST", f"/api/v1/users/{users['admin']['id']}/password", "New-Passw0rd", admin
+        )
+        assert conn_code == 200
+        assert master.request("GET", "/api/v1/me", token=admin)[0] == 401
+        assert (
+            login(master, "admin", "Admin-Passw0rd") == 401 and login(master, "admin", "New-Passw0rd") == 200
+        )
+        code, body = master.login("New-Passw0rd")
+        assert master.request("POST", "/api/v1/auth/logout", token=body["token"])[0] == 200
+        assert master.request("GET", "/api/v1/me", token=body["token"])[0] == 401
+    finally:
+        master.kill()
