@@ -20,7 +20,7 @@ from pyinfra.context import ctx_host
 
 from deploy.facts.determined_users import PROGRAM, MasterUsers
 from roles import determined_users
-from tests.unit.test_standin_determined import MasterProcess, base_config, postgres  # noqa: F401
+from tests.unit.test_standin_determined import MasterProcess, _psql, base_config, postgres  # noqa: F401
 
 SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
 OPERATOR_PASSWORD = "Old-Passw0rd 'with' $(quotes)"
@@ -154,23 +154,10 @@ def master_yaml(path: Path, password: str) -> Path:
 @pytest.fixture
 def database(postgres):  # noqa: F811
     """The module's database, emptied: each test starts a master on a fresh one (first start)."""
-    subprocess.run(
-        [
-            "runuser",
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-q",
-            "-p",
-            str(postgres["port"]),
-            "-d",
-            postgres["name"],
-        ],
-        input=f"DROP SCHEMA public CASCADE;\nCREATE SCHEMA public AUTHORIZATION {postgres['user']};\n",
-        text=True,
-        check=True,
-        capture_output=True,
+    _psql(
+        postgres["port"],
+        f"DROP SCHEMA public CASCADE;\nCREATE SCHEMA public AUTHORIZATION {postgres['user']};\n",
+        database=postgres["name"],
     )
     return postgres
 

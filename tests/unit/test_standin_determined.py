@@ -548,7 +548,7 @@ def _system_python_has_psycopg2() -> bool:
     )
 
 
-def _psql(port: int, sql: str) -> None:
+def _psql(port: int, sql: str, database: str = "postgres") -> None:
     # SQL on stdin, so that the throwaway password is on no command line.
     subprocess.run(
         [
@@ -563,7 +563,7 @@ def _psql(port: int, sql: str) -> None:
             "-v",
             "ON_ERROR_STOP=1",
             "-d",
-            "postgres",
+            database,
             "-f",
             "-",
         ],
