@@ -13,8 +13,8 @@ import shlex
 
 import pytest
 
-from tests.verify.drain import _list_agents, admin_token, set_agent_enabled
-from tests.verify.master_api import _agents_of
+from tests.verify.drain import _list_agents, set_agent_enabled
+from tests.verify.master_api import _agents_of, admin_token
 
 from .conftest import failing_cells, run_verify
 

@@ -20,7 +20,7 @@ import time
 import pytest
 import yaml
 
-from tests.verify.master_api import _http, _master_url, _slot_count
+from tests.verify.master_api import _http, _master_url, _slot_count, admin_token
 
 from .conftest import LAB_CLUSTER, REPO, run_verify
 
@@ -69,12 +69,7 @@ def expected_cluster(cluster, layouts: dict[str, str] | None = None) -> dict[str
 
 
 def listed_agents(cluster) -> dict[str, dict]:
-    status, body = _http(
-        f"{_master_url(cluster)}/api/v1/auth/login",
-        {"username": "admin", "password": cluster.determined.admin_password.value},
-    )
-    assert status == 200, f"login as admin -> {status}"
-    status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=body["token"])
+    status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=admin_token(cluster))
     assert status == 200, f"GET /api/v1/agents -> {status}"
     return {a["id"]: a for a in body.get("agents") or []}
 

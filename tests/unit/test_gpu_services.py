@@ -25,6 +25,7 @@ from deploy.pins import PinError, driver_pins, fabricmanager_pins
 from roles import apt_pinsets, gpu_services
 from roles.templates import files_path
 from tests.lab import mirror
+from tests.unit.test_pins import FakeHost
 
 # What /sys/bus/pci/devices/*/{vendor,class} read on an HGX A100 board (NVSwitch 10de:1af1,
 # class 0x068000), next to its GPUs (0x030200), a ConnectX NIC and an Intel bridge that shares
@@ -235,17 +236,6 @@ def test_smi_reports_persistence_per_gpu_as_set(cuda, tmp_path):
 
 
 # ------------------------------------------------------------------ the role's decisions
-
-
-class FakeHost:
-    def __init__(self, facts: dict):
-        self.facts, self.noops = facts, list[str]()
-
-    def get_fact(self, cls, **kwargs):
-        return self.facts[cls]
-
-    def noop(self, message):
-        self.noops.append(message)
 
 
 class FakeCluster:

@@ -127,7 +127,7 @@ class Drainer:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session):
         from tests.verify.conftest import _cluster
-        from tests.verify.master_api import _agents_of
+        from tests.verify.master_api import _agents_of, admin_token
 
         cluster = _cluster(self.config.getoption("--cluster"))
         state = Path(os.path.expanduser(self.config.getoption("--drain-state")))
@@ -168,18 +168,6 @@ class Drainer:
             reporter.write_line(f"drain-unhealthy: {line}", bold=True)
         else:
             print(f"drain-unhealthy: {line}", flush=True)
-
-
-def admin_token(cluster) -> str:
-    from tests.verify.master_api import _http, _master_url
-
-    status, body = _http(
-        f"{_master_url(cluster)}/api/v1/auth/login",
-        {"username": "admin", "password": cluster.determined.admin_password.value},
-    )
-    if status != 200:
-        raise RuntimeError(f"login as admin -> {status} (determined.admin_password)")
-    return body["token"]
 
 
 def _list_agents(cluster, token: str) -> list[dict]:

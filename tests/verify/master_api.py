@@ -47,15 +47,22 @@ def _enabled_slots(node, agents: dict) -> int:
     )
 
 
-def poll_agents(cluster, done) -> list[dict]:
-    """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
-    agent started before the master retries every 5 s; a restarted one reconnects)."""
+def admin_token(cluster) -> str:
+    """A session token for admin with determined.admin_password. Raised, not asserted: the
+    drain plugin calls it outside any check (and `python -O` drops assert statements)."""
     status, body = _http(
         f"{_master_url(cluster)}/api/v1/auth/login",
         {"username": "admin", "password": cluster.determined.admin_password.value},
     )
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    token = body["token"]
+    if status != 200:
+        raise AssertionError(f"login as admin -> {status} (determined.admin_password)")
+    return body["token"]
+
+
+def poll_agents(cluster, done) -> list[dict]:
+    """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
+    agent started before the master retries every 5 s; a restarted one reconnects)."""
+    token = admin_token(cluster)
     deadline = time.monotonic() + REGISTRATION_WAIT
     while True:
         status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)

@@ -14,7 +14,7 @@ import yaml
 
 from roles.determined_master import master_yaml, trial_endpoint
 from roles.postgresql import MIN_MAJOR, RoleVerifier, password_matches
-from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url
+from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, admin_token
 from tests.verify.test_storage import parse_env_file
 
 ANY = None  # a leaf, or a subtree this check does not descend into
@@ -258,13 +258,7 @@ def _as_written(held: dict) -> dict:
 def test_master_task_container_defaults(cluster):
     """The configuration the running master holds (GET /api/v1/master/config), not the file:
     a master that was not restarted after a change still hands trials the old values."""
-    url = _master_url(cluster)
-    status, body = _http(
-        f"{url}/api/v1/auth/login",
-        {"username": "admin", "password": cluster.determined.admin_password.value},
-    )
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    status, body = _http(f"{url}/api/v1/master/config", token=body["token"])
+    status, body = _http(f"{_master_url(cluster)}/api/v1/master/config", token=admin_token(cluster))
     assert status == 200, f"GET /api/v1/master/config -> {status}"
     config = body["config"]
     held = _as_written(config.get("task_container_defaults") or {})
