@@ -183,3 +183,21 @@ def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
     if problem:
         raise SecretError(f"the file {problem}")
     return text
+
+
+def credentials_problem(text: str) -> str | None:
+    """What is wrong with a `user:password` login (a mirror's, the apt proxy's), never the text.
+
+    Both halves become tokens of netrc-like files (apt_auth.conf(5), curl's --netrc-file), which
+    split on whitespace and where curl reads a token starting with a double quote as a quoted
+    string: printable ASCII without spaces, double quotes or backslashes keeps them one token.
+    """
+    user, colon, password = text.partition(":")
+    if not colon:
+        return "must be user:password (no ':' found)"
+    if not user or not password:
+        return "must be user:password, both non-empty"
+    for c in text:
+        if not ("!" <= c <= "~") or c in '"\\':
+            return "must be printable ASCII without spaces, double quotes or backslashes"
+    return None

@@ -5,8 +5,17 @@ so `--json` stays pure) when the last connected host has disconnected. Only pyin
 documented API here (a state callback, the state's hosts and operation meta); whether a
 host's SSH connection is gone is asked of deploy/pyinfra_ext, which also keeps that loss
 from aborting the other hosts.
+
+With SUMMARY_FILE_ENV set (python -m deploy.shards sets it for each of its pyinfra
+processes) the same content is written to that file as JSON, {"failed": {host: reason},
+"rerun": {host: command}}, instead of printed: the sharded deploy merges the files into one
+summary. When every host of a run has failed, pyinfra stops with "No hosts remaining!"
+before the final disconnects: the summary is then written (or printed) at the process's exit.
 """
 
+import atexit
+import json
+import os
 import re
 import shlex
 import sys
@@ -16,6 +25,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from deploy.pyinfra_ext import connection_lost
 
 _installed_on: set[int] = set()
+SUMMARY_FILE_ENV = "GPU_CLUSTER_SUMMARY_FILE"
 
 
 # pyinfra 3.10's options that take a secret (pyinfra_cli/cli.py: --ssh-password/--password,
@@ -69,13 +79,16 @@ def rerun_command(argv: list[str], hostname: str) -> str:
     return shlex.join(["pyinfra", *redact_argv(args), "--limit", hostname])
 
 
-def summary_lines(failed: dict[str, str], argv: list[str]) -> list[str]:
+def summary_lines(failed: dict[str, str], argv: list[str], rerun: dict[str, str] | None = None) -> list[str]:
+    """The closing lines; `rerun` gives a host's re-run command where it is already known
+    (python -m deploy.shards: each process's own), else it is made from `argv`."""
     if not failed:
         return []
+    rerun = rerun or {}
     lines = [f"--> {len(failed)} host(s) failed; the others finished:"]
     for hostname in sorted(failed):
         lines.append(f"    {hostname}: {failed[hostname]}")
-        lines.append(f"      re-run: {rerun_command(argv, hostname)}")
+        lines.append(f"      re-run: {rerun.get(hostname) or rerun_command(argv, hostname)}")
     return lines
 
 
@@ -134,7 +147,13 @@ class FailureSummary(BaseStateCallback):
         if state.current_stage != StateStage.Disconnect:
             return
         self.disconnected.add(host.name)
-        if self.printed or len(self.disconnected) < len(state.activated_hosts):
+        if len(self.disconnected) < len(state.activated_hosts):
+            return
+        self.finish(state)
+
+    def finish(self, state) -> None:
+        """Print (or write to SUMMARY_FILE_ENV's file) the summary, once."""
+        if self.printed:
             return
         self.printed = True
         failed = {}
@@ -143,8 +162,29 @@ class FailureSummary(BaseStateCallback):
                 failed[h.name] = "unreachable: SSH connection failed"
             else:
                 failed[h.name] = self.reason(state, h)
+        path = os.environ.get(SUMMARY_FILE_ENV)
+        if path:
+            write_summary_file(path, failed, sys.argv)
+            return
         for line in summary_lines(failed, sys.argv):
             print(line, file=sys.stderr)
+
+    def at_exit(self, state) -> None:
+        # Only for a run that stopped before its final disconnects (every host failed).
+        try:
+            if not self.printed and (state.failed_hosts or os.environ.get(SUMMARY_FILE_ENV)):
+                self.finish(state)
+        except Exception as e:  # at exit, never a traceback over pyinfra's own error
+            print(f"(no failure summary: {e})", file=sys.stderr)
+
+
+def write_summary_file(path: str, failed: dict[str, str], argv: list[str]) -> None:
+    """The summary as JSON for python -m deploy.shards: failed hosts, why, re-run commands."""
+    data = {"failed": failed, "rerun": {h: rerun_command(argv, h) for h in failed}}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def install(state) -> None:
@@ -152,4 +192,6 @@ def install(state) -> None:
     if id(state) in _installed_on:
         return
     _installed_on.add(id(state))
-    state.add_callback_handler(FailureSummary())
+    handler = FailureSummary()
+    state.add_callback_handler(handler)
+    atexit.register(handler.at_exit, state)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
+from deploy import minio_iam
 from deploy.cluster import Cluster, Node
 from deploy.cluster.images import site_ref
 from roles import pg_backup
@@ -74,8 +75,9 @@ def master_yaml(cluster: Cluster) -> str:
         db=cluster.database,
         db_password=cluster.database.password.value,
         storage=storage,
-        access_key=storage.access_key.value,
-        secret_key=storage.secret_key.value,
+        # Determined's bucket-only MinIO user (roles/minio_iam.py): trials get these keys.
+        access_key=storage.determined_user,
+        secret_key=minio_iam.determined_secret_key(storage),
         # Determined joins endpoint and key itself; a trailing slash gives "//key" requests.
         endpoint_url=trial_endpoint(cluster),
         admin_password=determined.admin_password.value,
@@ -94,8 +96,8 @@ def s3_env(cluster: Cluster) -> str:
         "S3 credentials and region for determined-master.service (roles/determined_master.py),\n"
         "loaded by its drop-in 10-s3.conf. 0600 root.",
         {
-            "AWS_ACCESS_KEY_ID": storage.access_key.value,
-            "AWS_SECRET_ACCESS_KEY": storage.secret_key.value,
+            "AWS_ACCESS_KEY_ID": storage.determined_user,
+            "AWS_SECRET_ACCESS_KEY": minio_iam.determined_secret_key(storage),
             "AWS_DEFAULT_REGION": storage.region,
         },
     )

@@ -9,6 +9,9 @@ activate:  enabled and running; restarted only when binary, settings or unit cha
            waited for until /minio/health/ready answers
 bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its location
            must read back as storage.region (MinIO's MINIO_SITE_REGION), or the host fails
+iam:       Determined's own user and its bucket-only policy (roles/minio_iam.py); the root keys
+           stay in /etc/default/minio and the deploy
+console:   storage.console: 127.0.0.1 only (default), every interface, or disabled (MINIO_BROWSER=off)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pyinfra.operations.util import any_changed
 
 from deploy import s3
 from deploy.cluster import Cluster, Node
+from roles.minio_iam import determined_user
 from roles.shared_ops import (
     SecretBytes,
     env_file,
@@ -39,20 +43,34 @@ DATA_MOUNT_DROP_IN = "/etc/systemd/system/minio.service.d/10-data-mount.conf"
 USER = "minio-user"
 
 
+def server_options(cluster: Cluster) -> str:
+    """MINIO_OPTS. The console's --console-address is ADDRESS:PORT like --address (minio/minio
+    cmd/server-main.go, cmd/common-main.go): 127.0.0.1:<port> keeps it off the network."""
+    storage = cluster.storage
+    options = f"--address :{storage.port}"
+    if storage.console == "localhost":
+        return f"{options} --console-address 127.0.0.1:{storage.console_port}"
+    if storage.console == "all":
+        return f"{options} --console-address :{storage.console_port}"
+    return options  # disabled: MINIO_BROWSER=off below, no console listener at all
+
+
 def env_content(cluster: Cluster) -> str:
     """/etc/default/minio. Its secrets go only into this 0600 file."""
     storage = cluster.storage
+    browser = {"MINIO_BROWSER": "off"} if storage.console == "disabled" else {}
     return env_file(
         "MinIO server settings for minio.service (roles/minio.py). Holds the root\n"
         "credentials: keep it 0600 root:root; systemd reads it as root.",
         {
             "MINIO_VOLUMES": storage.data_dir,
-            "MINIO_OPTS": f"--address :{storage.port} --console-address :{storage.console_port}",
+            "MINIO_OPTS": server_options(cluster),
             "MINIO_ROOT_USER": storage.access_key.value,
             "MINIO_ROOT_PASSWORD": storage.secret_key.value,
             # The region MinIO signs and answers for (MINIO_REGION is the legacy name). Every
             # client, Determined's trial containers included, must sign for the same region.
             "MINIO_SITE_REGION": storage.region,
+            **browser,
         },
     )
 
@@ -171,3 +189,7 @@ def apply(cluster: Cluster, node: Node) -> None:
     )
 
     bucket(name=f"Bucket {storage.bucket} in region {storage.region} (from the controller)", cluster=cluster)
+    determined_user(
+        name=f"MinIO user {storage.determined_user}: bucket {storage.bucket} only (from the controller)",
+        cluster=cluster,
+    )

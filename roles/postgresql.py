@@ -8,29 +8,30 @@ configure: conf.d/50-determined.conf (database.port, max_connections >= 96, list
            localhost only: the master is on the same node); restart only when it changed
 database:  Determined's role and database. The password never leaves the controller in clear:
            the role gets a SCRAM-SHA-256 verifier computed here, and the node is asked only for
-           the current verifier's salt and a digest of it (deploy/facts/postgresql.py), so a
-           changed password in cluster.yaml is noticed and set, and an unchanged one is no change.
+           the current verifier's salt and an HMAC of it under a key kept on the node
+           (deploy/facts/postgresql.py), so a changed password in cluster.yaml is noticed and
+           set, an unchanged one is no change, and no output lets anyone test guesses.
 backups:   none here: docs/operations.md gives the pg_dump command for the operator to run.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import io
-import os
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.facts.files import File
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, postgres, systemd
 from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
-from deploy.facts.postgresql import RoleVerifier, psql_stdin
-from deploy.secrets import Secret
+from deploy.facts.trust import OpenPgpKeys
+from roles.postgresql_role import digest_key, role
+from roles.postgresql_role import (  # re-exported: the role's password handling, for its tests
+    password_matches as password_matches,
+)
+from roles.postgresql_role import role_statement as role_statement
+from roles.postgresql_role import scram_verifier as scram_verifier
 from roles.scripts import script
 from roles.shared_ops import packages
 from roles.templates import render
@@ -64,8 +65,6 @@ PGDG_KEY_FINGERPRINT = "B97B0AFCAA1A47F044F244A07FCC7D46ACCC4CF8"
 PGDG_KEY = "/usr/share/postgresql-common/pgdg/apt.postgresql.org.asc"
 PGDG_LIST = "/etc/apt/sources.list.d/pgdg.list"
 
-SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
-
 
 def major_for(os_id: str, os_version: str) -> tuple[int, bool]:
     """(major version to install, whether it comes from PGDG)."""
@@ -85,65 +84,18 @@ def conf_content(port: int) -> str:
     return render("postgresql/50-determined.conf.j2", port=port, max_connections=MAX_CONNECTIONS)
 
 
-# --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
-
-
-def scram_verifier(password: str, salt: bytes, iterations: int = SCRAM_ITERATIONS) -> str:
-    """SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, all base64.
-
-    PostgreSQL normalises the password with SASLprep first; that is the identity for ASCII
-    passwords, and PostgreSQL itself falls back to the raw bytes when SASLprep fails.
-    """
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode() for b in (salt, stored_key, server_key))
-    return f"SCRAM-SHA-256${iterations}:{salt_b64}${stored_b64}:{server_b64}"
-
-
-def password_matches(password: str, current: dict | None) -> bool:
-    """Whether the role's current verifier (salt + digest, see RoleVerifier) is `password`'s."""
-    if not current or not current["salt"]:
-        return False
-    try:
-        iterations, salt = current["salt"].split(":", 1)
-        expected = scram_verifier(password, base64.b64decode(salt), int(iterations))
-    except ValueError:
-        return False
-    return hashlib.sha256(expected.encode()).hexdigest() == current["digest"]
-
-
 @operation()
-def role(role: str, password: Secret, port: int = 5432):
-    """A LOGIN role whose password is `password`; set only when it differs.
-
-    Not pyinfra's postgres.role: that one cannot compare passwords (it sets a given one on every
-    run) and puts the password itself on psql's command line on the node. Here not even the
-    verifier reaches a command line (where `ps` on the node shows it to every user): the
-    statement is uploaded over SFTP into a root-only file and fed to psql on stdin."""
-    current = host.get_fact(RoleVerifier, role=role, port=port)
-    if current is not None and password_matches(password.value, current):
-        host.noop(f"role {role} exists with the configured password")
+def pgdg_key(url: str = PGDG_KEY_URL, fingerprint: str = PGDG_KEY_FINGERPRINT, dest: str = PGDG_KEY):
+    """PGDG's signing key at `dest`, re-checked on every run: the file must hold exactly one
+    key, the pinned one (apt trusts every key of a signed-by keyring, so a second key planted
+    beside it would sign packages too). Otherwise it is fetched again and kept only if it is
+    that one key (files/postgresql/pgdg-key.sh). pyinfra's apt.key installs whatever key the
+    URL serves, and adds to a keyring rather than replacing it."""
+    found = host.get_fact(OpenPgpKeys, path=dest)
+    if found == [fingerprint]:
+        host.noop(f"{dest} holds exactly the pinned key {fingerprint}")
         return
-    verb = "CREATE" if current is None else "ALTER"
-    yield from psql_stdin(role_statement(verb, role, scram_verifier(password.value, os.urandom(16))), port)
-
-
-def role_statement(verb: str, role: str, verifier: str) -> bytes:
-    """`CREATE|ALTER ROLE "role" WITH LOGIN PASSWORD 'verifier'` (role names are validated to
-    a safe character set by the model; a verifier is base64 and `$:` only)."""
-    return f"{verb} ROLE \"{role}\" WITH LOGIN PASSWORD '{verifier}';\n".encode()
-
-
-@operation()
-def pgdg_key():
-    """PGDG's signing key, kept only if its fingerprint is the pinned one (files/postgresql/
-    pgdg-key.sh). pyinfra's apt.key installs whatever key the URL serves."""
-    if host.get_fact(File, path=PGDG_KEY):
-        host.noop(f"{PGDG_KEY} is installed")
-        return
-    yield script("postgresql/pgdg-key.sh", PGDG_KEY_URL, PGDG_KEY_FINGERPRINT, PGDG_KEY)
+    yield script("postgresql/pgdg-key.sh", url, fingerprint, dest)
 
 
 def _pgdg_source(codename: str) -> None:
@@ -195,6 +147,7 @@ def apply(cluster: Cluster, node: Node) -> None:
     systemd.service(name=f"PostgreSQL cluster {major}/main running", service=unit, running=True)
 
     # database
+    digest_key(name="Node key for the keyed digest of the role's password")
     role(
         name=f"Database role {db.user} (password from cluster.yaml)",
         role=db.user,

@@ -11,7 +11,7 @@ nothing when that state is already right: a second deploy reports no change.
   the sha256 pinned in cluster.yaml and installed only when it matches; a mismatch deletes the
   download and fails this host with a message naming the artifact.
 - `secret_file`: a 0600 file whose content never appears in pyinfra's output, not even with
-  `--diff` (files.put/files.template print the whole content there).
+  `--diff` (files.put/files.template print the whole content there), nor any hash of it.
 - `fail`: the one way a role stops its host.
 - `packages`: apt packages, refreshing the apt lists first only when something is missing.
 - `wait_for_http`: poll a URL on the node until it answers 200.
@@ -19,7 +19,6 @@ nothing when that state is already right: a second deploy reports no change.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 import shlex
@@ -27,9 +26,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File, Sha1File, Sha256File
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, server
 
+from deploy.facts.trust import SecretFileState
 from roles.scripts import script
 
 # Seconds apt waits for the dpkg lock (held by an unattended upgrade, say) before failing.
@@ -38,6 +38,9 @@ from roles.scripts import script
 # apt.conf.d for every apt run; APT_LOCK_WAIT passes it on our own command lines too.
 DPKG_LOCK_TIMEOUT = 600
 APT_LOCK_WAIT = f"-o DPkg::Lock::Timeout={DPKG_LOCK_TIMEOUT}"
+# The site mirror's login for downloads outside apt (sources.mirror_credentials; written by
+# roles/apt_proxy.py, root 0600): files/shared_ops/fetch-verified.sh names the same path.
+DOWNLOAD_NETRC = "/etc/gpu-cluster/download.netrc"
 # A package's own copy of a config file never replaces the one this deploy wrote before it.
 DPKG_KEEP_CONFIG = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
 
@@ -71,31 +74,52 @@ def env_file(header: str, variables: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mode_int(mode: str) -> int:
-    # pyinfra's File fact reports modes as the octal digits read as decimal (0600 -> 600).
-    return int(mode.lstrip("0") or "0")
+def _mode_int(mode: str | int) -> int:
+    # Modes as octal digits ("0600", "600", or pyinfra's 600 read as decimal) -> 0o600.
+    return int(str(mode).lstrip("0") or "0", 8)
+
+
+def node_file(path: str) -> bytes | None:
+    """The content of the node's file `path`, read over SFTP into memory; None if unreadable.
+
+    For what must not pass through a fact: a fact's output is printed by `-vvv` (and kept in
+    the fact cache), and a plain sha1/sha256 of a secret lets whoever reads it test guesses
+    offline. SFTP runs as the SSH user (root: the deploy's documented login); nothing read here
+    is printed or stored.
+    """
+    buffer = io.BytesIO()
+    try:
+        if not host.get_file(path, buffer):
+            return None
+    except (OSError, EOFError):
+        return None
+    return buffer.getvalue()
+
+
+def upload_secret(dest: str, data: bytes, owner: str = "root:root", mode: str = "600"):
+    """The commands that put `data` at `dest`: created empty with its final owner and mode
+    first, so the secret is never readable by anyone else, not even for a moment (SFTP creates
+    new files 0644; writing into an existing file keeps that file's mode)."""
+    quoted = shlex.quote(dest)
+    yield StringCommand(f"touch {quoted} && chown {owner} {quoted} && chmod {mode} {quoted}")
+    yield FileUploadCommand(io.BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
 
 
 @operation()
 def secret_file(dest: str, content: SecretBytes, user: str = "root", group: str = "root", mode: str = "600"):
-    """Upload `content` to `dest` (root:root 0600 by default) when its sha1 differs.
-
-    The file is created empty with its final owner and mode before the content is written
-    into it, so the secret is never readable by anyone else, not even for a moment. (SFTP
-    creates new files 0644; writing into an existing file keeps that file's mode.)
+    """Upload `content` to `dest` (root:root 0600 by default, see upload_secret) unless it holds
+    that already: decided by reading the file back (node_file), never by a hash a fact would
+    print. (The controller holds the secret anyway; a keyed hash would need a key on both ends.)
     """
-    remote = host.get_fact(File, path=dest)
+    remote = host.get_fact(SecretFileState, path=dest)
     owner = f"{user}:{group}"
     quoted = shlex.quote(dest)
-    if not remote or host.get_fact(Sha1File, path=dest) != hashlib.sha1(content.data).hexdigest():
-        yield StringCommand(f"touch {quoted} && chown {owner} {quoted} && chmod {mode} {quoted}")
-        yield FileUploadCommand(
-            io.BytesIO(content.data), dest, remote_temp_filename=host.get_temp_filename(dest)
-        )
+    if not remote or node_file(dest) != content.data:
+        yield from upload_secret(dest, content.data, owner, mode)
         return
     if remote["user"] != user or remote["group"] != group:
         yield StringCommand(f"chown {owner} {quoted}")
-    if remote["mode"] != _mode_int(mode):
+    if _mode_int(remote["mode"]) != _mode_int(mode):
         yield StringCommand(f"chmod {mode} {quoted}")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -55,10 +55,14 @@ class Key:
 
 @dataclass(frozen=True)
 class SecretKey:
-    """A required secret reference, {env: NAME} or {file: PATH}; `what` names the secret."""
+    """A secret reference, {env: NAME} or {file: PATH}; `what` names the secret. Required
+    unless `optional` (then None when not written)."""
 
     what: str
     doc: str
+    optional: bool = False
+    # What the resolved text must look like: a problem line (never showing the text) or None.
+    content: Callable[[str], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,8 @@ def required(cls: type) -> tuple[str, ...]:
     return tuple(
         name
         for name, spec in specs(cls).items()
-        if isinstance(spec, (SecretKey, ArtifactKey, ListKey))
+        if isinstance(spec, (ArtifactKey, ListKey))
+        or (isinstance(spec, SecretKey) and not spec.optional)
         or (isinstance(spec, Section) and spec.required)
         or (isinstance(spec, Key) and isinstance(spec.default, Required))
     )
@@ -165,7 +170,13 @@ def read(m: Map, cls: type, given_defaults: dict[str, Any] | None = None) -> dic
     values: dict[str, Any] = {}
     for name, spec in specs(cls).items():
         if isinstance(spec, SecretKey):
-            values[name] = m.secret(name, spec.what)
+            secret = None if spec.optional and not m.given(name) else m.secret(name, spec.what)
+            if spec.content and secret is not None and secret.resolved:
+                problem = spec.content(secret.value)
+                if problem:
+                    m.r.add(m.key(name), str(secret.reference), problem)
+                    secret = None
+            values[name] = secret
         elif isinstance(spec, Key):
             d = spec.default
             if given_defaults and name in given_defaults:
@@ -183,6 +194,8 @@ def read(m: Map, cls: type, given_defaults: dict[str, Any] | None = None) -> dic
 
 
 def shown_default(spec: Spec) -> str:
+    if isinstance(spec, SecretKey) and spec.optional:
+        return "unset"
     if not isinstance(spec, Key):
         return "required"
     d = spec.default

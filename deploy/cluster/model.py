@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from deploy.cluster import checks, hardware, images
+from deploy.cluster import checks, credentials, hardware, images, storage_keys
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -181,6 +181,7 @@ class Artifact:
 @dataclass(frozen=True)
 class Sources:
     apt_proxy: Annotated[str | None, Key(checks.url(("http",)), None, "an apt proxy for the nodes")]
+    apt_proxy_credentials: Annotated[Secret | None, credentials.APT_PROXY]
     cuda_repo: Annotated[
         str,
         Key(
@@ -190,6 +191,7 @@ class Sources:
             "(`ubuntu2004`, `ubuntu2204`, `debian12`)",
         ),
     ]
+    mirror_credentials: Annotated[Secret | None, credentials.MIRROR]
     # NVIDIA's keyring .deb, the trust anchor of every package from cuda_repo: fetched from the
     # repo folder like any artifact, so pinned like one (it differs per folder).
     cuda_keyring: Annotated[
@@ -276,6 +278,7 @@ class Storage:
     ]
     port: Annotated[int, Key(checks.port, 9000, "MinIO's S3 API port")]
     console_port: Annotated[int, Key(checks.port, 9001, "MinIO's console port; not `storage.port`")]
+    console: Annotated[str, storage_keys.CONSOLE]
     data_dir: Annotated[str, Key(checks.abs_path, "/mnt/data", "where MinIO keeps the objects; not `/`")]
     data_on_root_disk: Annotated[
         bool,
@@ -306,6 +309,7 @@ class Storage:
             "MinIO's root password (S3 secret key)", "MinIO's root password (S3 secret key); ≥ 8 characters"
         ),
     ]
+    determined_user: Annotated[str, storage_keys.DETERMINED_USER]
 
 
 _IDENTIFIER = checks.matching(

@@ -9,6 +9,7 @@ import ipaddress
 import string
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from deploy.cluster import checks, hardware, images
 from deploy.cluster.keys import (
@@ -194,6 +195,12 @@ def _sources(top: Map) -> Sources:
         values[name] = Artifact(url=url, sha256=pin)
     if values["registry_ca"] is not None and not m.given("registry"):
         m.r.bad("sources.registry_ca", values["registry_ca"], "a CA without sources.registry: name it")
+    login, repo = values["mirror_credentials"], urlsplit(values["cuda_repo"] or "").hostname or ""
+    if login is not None and repo.endswith(".nvidia.com"):  # the site's login is not NVIDIA's
+        m.r.add("sources.mirror_credentials", str(login.reference), f"for a site mirror, not {repo}")
+    proxy_login = values["apt_proxy_credentials"]
+    if proxy_login is not None and not m.given("apt_proxy"):
+        m.r.add("sources.apt_proxy_credentials", str(proxy_login.reference), "a login without apt_proxy")
     return Sources(**values)
 
 
@@ -215,6 +222,10 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
                 str(secret.reference),
                 f"too short: MinIO needs {what} of at least {least} characters",
             )
+    root = values["access_key"]
+    if root is not None and root.resolved and values["determined_user"] == root.value:
+        # The value is the root user's name, a secret: not shown.
+        r.add("storage.determined_user", "(not shown)", "must not be storage.access_key (MinIO's root user)")
     return Storage(**values)
 
 

@@ -8,6 +8,7 @@
     template.py   the experiment YAML and the example Core API model `new` writes
     schema.py     Determined 0.38.0's own schemas (schemas/, copied from its repository)
     lint.py       the schema plus this cluster's rules; code.py the model directory's rules
+    smoke.py      the smoke experiments `python -m tests.verify` submits (trial: smoke_model/)
     __main__.py   the command line
 
 docs/experiments.md describes the template and every rule with the pitfall it prevents.

@@ -4,6 +4,7 @@ system.py      disk space, a network interface, link types, netplan's features, 
                a resolved path, a unit's state
 apt.py         held packages, the versions apt's sources offer
 keyring.py     the installed CUDA keyring against the kept, verified .deb
+trust.py       the keys of an OpenPGP keyring file; a secret file's owner and mode (no hash)
 gpu.py         `nvidia-smi topo -m` and the GPUs' MIG modes (parsing: deploy/topology.py)
 fabric.py      the installed MLNX_OFED release, `ibstat` parsing
 determined.py  the per-domain Determined agents a node has

@@ -11,17 +11,7 @@ import io
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand
-
-
-def psql(sql, port: int) -> StringCommand:
-    """psql as the postgres superuser over the local socket (peer authentication).
-
-    runuser rather than pyinfra's _su_user: the command is then the same for any operation,
-    so deploy/pyinfra_ext/factcache.py can read this fact in its one batch command per host."""
-    return StringCommand(
-        f"cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 -Atc", QuoteString(sql)
-    )
+from pyinfra.api import FactBase, FileUploadCommand, StringCommand
 
 
 def psql_stdin(sql: bytes, port: int):
@@ -38,23 +28,36 @@ def psql_stdin(sql: bytes, port: int):
 
 
 class RoleVerifier(FactBase):
-    """{"salt": "<iterations>:<salt>", "digest": sha256 hex of the verifier} or None.
+    """{"salt": "<iterations>:<salt>", "digest": HMAC-SHA256 hex of the verifier} or None.
 
-    Only the salt and a digest leave the node: the verifier itself stays in pg_authid.
-    `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).
+    Only the salt and a keyed digest leave the node: the verifier stays in pg_authid, and a
+    plain hash of it would let whoever reads `-vvv` output test password guesses offline. The
+    key is the node's `key` file (roles/postgresql_role.py: K xor ipad, then K xor opad, 64 bytes
+    each, so that core SQL's sha256() makes HMAC without pgcrypto); it reaches psql through a
+    pipe (printf is a shell builtin: no command line holds it). `digest` is "" without that
+    file; `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).
+    runuser rather than pyinfra's _su_user: the command is then the same for any operation, so
+    deploy/pyinfra_ext/factcache.py can read this fact in its one batch command per host.
     """
 
-    def requires_command(self, role, port):
+    def requires_command(self, role, port, key):
         return "psql"
 
-    def command(self, role, port):
+    def command(self, role, port, key):
+        m = "convert_to(coalesce(rolpassword, ''), 'UTF8')"
+        k = "decode(:'k', 'hex')"
         sql = (
             "SELECT CASE WHEN rolpassword LIKE 'SCRAM-SHA-256$%' "
             "THEN split_part(rolpassword, '$', 2) ELSE '' END"
-            " || ' ' || encode(sha256(convert_to(coalesce(rolpassword, ''), 'UTF8')), 'hex')"
-            f" FROM pg_authid WHERE rolname = '{role}'"
+            f" || ' ' || CASE WHEN length({k}) <> 128 THEN '' ELSE encode(sha256("
+            f"substring({k} from 65 for 64) || sha256(substring({k} from 1 for 64) || {m})), 'hex') END"
+            f" FROM pg_authid WHERE rolname = '{role}';"
         )
-        return psql(sql, port)
+        hexkey = f"\"$(od -An -v -tx1 {shlex.quote(key)} 2>/dev/null | tr -d ' \\n')\""
+        return (
+            f"{{ printf '\\\\set k %s\\n' {hexkey}; printf '%s\\n' {shlex.quote(sql)}; }}"
+            f" | (cd / && runuser -u postgres -- psql -X -q -p {int(port)} -v ON_ERROR_STOP=1 -At)"
+        )
 
     def process(self, output):
         line = " ".join(output).strip()

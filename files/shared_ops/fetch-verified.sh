@@ -11,9 +11,16 @@ case $sha256 in
     *[!0-9a-f]*|'') echo "$artifact: no sha256 pin for $url: nothing was downloaded" >&2; exit 1 ;;
 esac
 [ ${#sha256} -eq 64 ] || { echo "$artifact: the sha256 pin is not 64 hex digits" >&2; exit 1; }
+# The site mirror's login (roles/apt_proxy.py writes it, root 0600; shared_ops.DOWNLOAD_NETRC):
+# curl reads it from the file and sends it to that host only, never from its command line.
+netrc=/etc/gpu-cluster/download.netrc
 mkdir -p "$(dirname "$dest")" && rm -f "$part" || exit 1
 # A minimal image may have neither curl nor wget before its first package install.
-if command -v curl >/dev/null 2>&1; then
+if [ -f "$netrc" ] && command -v curl >/dev/null 2>&1; then
+    curl -fsSL --retry 3 --netrc-file "$netrc" -o "$part" "$url"
+elif [ -f "$netrc" ]; then
+    echo "$artifact: the mirror login ($netrc) needs curl, which is not installed" >&2; exit 1
+elif command -v curl >/dev/null 2>&1; then
     curl -fsSL --retry 3 -o "$part" "$url"
 elif command -v wget >/dev/null 2>&1; then
     wget -q -O "$part" "$url"

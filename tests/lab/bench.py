@@ -1,11 +1,22 @@
-"""python -m tests.lab.bench [--sizes 4,16,32]: measure deploy, re-deploy, verify and rebuild.
+"""python -m tests.lab.bench [--sizes 4,16,32,64] [--out FILE]: measure deploy, re-deploy,
+verify and rebuild.
 
 For each size it boots a lab of that many nodes (one master, the rest GPU agents, overlay
-root filesystems), then measures: a cold deploy, a no-op re-deploy, a verify run, and the
-rebuild of one agent (blank root filesystem, then `deploy.py --limit` it). Per step: wall
-seconds, SSH commands per host (from pyinfra's debug log), bytes each node fetched from the
-lab mirror and the apt proxy, and the controller's peak memory. Prints one table and writes
-it with the machine's description to docs/benchmarks.md. It is a command, not a test.
+root filesystems, on 10.77.<40+i>.0/24: a lab of its own, beside any other lab, sharing the
+controller's mirror, apt proxy, registry and cores with it), then measures: a cold deploy, a
+no-op re-deploy, the same through `python -m deploy.shards` (os.cpu_count() shards), a verify
+run, and the rebuild of one agent (blank root filesystem, then `deploy.py --limit` it); then it
+takes that lab down. Per step:
+wall seconds, SSH commands per host (from pyinfra's debug log), bytes each node fetched from
+the lab mirror and the apt proxy, the controller's peak memory, CPU seconds of the
+controller (the command and its children: pyinfra, deploy.shards' processes, pytest and its
+workers) in total, per node and per operation and host, CPU seconds of the rest of the
+machine, and the upstream bytes: what the lab's stand-ins for the vendors' servers (the
+mirror, the registry, and Debian's archive behind apt-cacher-ng) served, split into what went
+to a caching point and what went to the nodes directly (upstream_bytes). Prints one table and
+writes it with the machine's description to --out (default docs/benchmarks.md). Before
+booting anything it checks that the largest size fits the machine's memory and disk
+(fit_problems). It is a command, not a test.
 """
 
 import argparse
@@ -25,6 +36,14 @@ from .paths import DEFAULT_CLUSTER, LOGS, REPO, STATE
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 ACNG_LOG = Path("/var/log/apt-cacher-ng/apt-cacher.log")
 MIRROR_LOG = STATE / "mirror-access.log"
+# The registry's access lines (Distribution 2.8 logs one combined-format line per request,
+# beside its "response completed" lines): client, request, status, bytes written.
+REGISTRY_LOG = LOGS / "registry.log"
+# What one lab node costs the machine, measured on the 4-node lab after a deploy (2026-11-30):
+# an agent's overlay upper directory 1.2 GB (Debian packages, /var/cache/apt) and its Docker
+# disk 0.3 GB; the processes of one node (systemd, dockerd, containerd, the agent) ~210 MB RSS.
+NODE_DISK_GB = 1.6
+NODE_MEMORY_GB = 0.25
 
 
 def cluster_yaml(size: int, octet: int) -> str:
@@ -64,8 +83,63 @@ def _bytes_by_client(path: Path, offset: int, pattern: re.Pattern) -> Counter:
 
 
 MIRROR_LINE = re.compile(r'^(?P<ip>\S+) .*" \d{3} (?P<bytes>\d+)$')
+REGISTRY_LINE = re.compile(r'^(?P<ip>[\d.]+) - \S+ \[[^\]]*\] "[^"]*" \d{3} (?P<bytes>\d+) ')
 # apt-cacher-ng: time|O|bytes|client|path  (O = delivered to a client)
 ACNG_LINE = re.compile(r"^\d+\|O\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
+# ... and time|I|bytes|client|path: fetched from upstream (Debian) for that client's request.
+ACNG_UPSTREAM_LINE = re.compile(r"^\d+\|I\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
+
+
+def log_offsets() -> dict[Path, int]:
+    return {path: _log_size(path) for path in (MIRROR_LOG, ACNG_LOG, REGISTRY_LOG)}
+
+
+def upstream_bytes(offsets: dict[Path, int], nodes: list[str], caches: set[str]) -> tuple[int, int]:
+    """(via the caching point, direct to nodes): bytes the lab's vendor stand-ins served since
+    `offsets`. The mirror (NVIDIA's repo, the MOFED, MinIO and Determined downloads) and the
+    registry (the task images) stand in for the vendors' servers: what they served a node went
+    over the site's uplink once per node; what they served a caching point (`caches`, the
+    controller's addresses) once. apt-cacher-ng is a caching point itself: its "I" lines are what
+    it fetched from Debian for the nodes. A site whose nodes fetch everything through one caching
+    point has 0 direct bytes, and the same upstream bytes for 4 nodes as for 16."""
+    served: Counter = Counter()
+    for path, pattern in ((MIRROR_LOG, MIRROR_LINE), (REGISTRY_LOG, REGISTRY_LINE)):
+        served.update(_bytes_by_client(path, offsets.get(path, 0), pattern))
+    fetched = _bytes_by_client(ACNG_LOG, offsets.get(ACNG_LOG, 0), ACNG_UPSTREAM_LINE)
+    direct = sum(served[ip] for ip in nodes)
+    via_cache = sum(served[ip] for ip in caches) + sum(fetched[ip] for ip in nodes)
+    return via_cache, direct
+
+
+def operations(debug_output: str) -> int:
+    """Operations times hosts in a pyinfra --debug run (one debug line per operation and host)."""
+    return len(re.findall(r"\] Starting operation \{.*\} on \S+\s*$", debug_output, re.MULTILINE))
+
+
+def fit_problems(size: int, mem_available_gb: float, disk_free_gb: float) -> list[str]:
+    """Why a lab of `size` nodes does not fit this machine (NODE_MEMORY_GB, NODE_DISK_GB), if it does not."""
+    problems = []
+    if size * NODE_MEMORY_GB > mem_available_gb:
+        problems.append(
+            f"{size} nodes need ~{size * NODE_MEMORY_GB:.0f} GB of memory, "
+            f"{mem_available_gb:.0f} GB available"
+        )
+    if size * NODE_DISK_GB > disk_free_gb:
+        problems.append(
+            f"{size} nodes need ~{size * NODE_DISK_GB:.0f} GB of disk under {STATE}, "
+            f"{disk_free_gb:.0f} GB free"
+        )
+    return problems
+
+
+def machine_room() -> tuple[float, float]:
+    """(GB of memory available, GB free on the disk holding the lab's state)."""
+    meminfo = dict(
+        line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+    )
+    available = int(meminfo["MemAvailable"].split()[0]) / 1e6
+    stat = os.statvfs(STATE if STATE.exists() else "/")
+    return available, stat.f_bavail * stat.f_frsize / 1e9
 
 
 def busy_cpu_seconds() -> float:
@@ -103,17 +177,24 @@ def ssh_commands(debug_output: str) -> Counter:
     return Counter(re.findall(r"Running command on (\S+?):", debug_output))
 
 
-def measure(step: str, argv: list[str], addresses: list[str]) -> dict:
-    mirror0, acng0 = _log_size(MIRROR_LOG), _log_size(ACNG_LOG)
+def measure(step: str, argv: list[str], addresses: list[str], caches: set[str] | None = None) -> dict:
+    offsets = log_offsets()
     result = timed(argv)
-    fetched = _bytes_by_client(MIRROR_LOG, mirror0, MIRROR_LINE)
-    fetched.update(_bytes_by_client(ACNG_LOG, acng0, ACNG_LINE))
+    fetched = _bytes_by_client(MIRROR_LOG, offsets[MIRROR_LOG], MIRROR_LINE)
+    fetched.update(_bytes_by_client(ACNG_LOG, offsets[ACNG_LOG], ACNG_LINE))
     per_node = [fetched.get(a, 0) for a in addresses]
     cmds = ssh_commands(result["out"])
+    ops = operations(result["out"])
+    via_cache, direct = upstream_bytes(offsets, addresses, caches or {"127.0.0.1"})
+    cpu = result["cpu_controller"]
     result.update(
         step=step,
         cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else None,
         mb_per_node=(sum(per_node) / len(per_node) / 1e6) if per_node else 0,
+        cpu_ms_per_node=cpu * 1000 / len(addresses) if addresses else None,
+        cpu_ms_per_op=cpu * 1000 / ops if ops else None,
+        upstream_cache_mb=via_cache / 1e6,
+        upstream_direct_mb=direct / 1e6,
     )
     log = LOGS / f"bench-{len(addresses)}-{step.replace(' ', '-')}.log"
     log.write_text(result["out"])  # for profiling afterwards (pyinfra --debug output)
@@ -143,25 +224,30 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
         }
     )
     addresses = [str(n.address) for n in spec.nodes]
+    caches = {"127.0.0.1", str(spec.controller_address)}
     deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
+    sharded = [sys.executable, "-m", "deploy.shards", str(inventory), "--debug"]
     try:
-        rows.append(measure("cold deploy", deploy, addresses))
-        rows.append(measure("no-op re-deploy", deploy, addresses))
+        rows.append(measure("cold deploy", deploy, addresses, caches))
+        rows.append(measure("no-op re-deploy", deploy, addresses, caches))
+        rows.append(measure(f"no-op re-deploy, {os.cpu_count()} shards", sharded, addresses, caches))
         verify = [sys.executable, "-m", "tests.verify", "--cluster", str(path)]
-        rows.append(measure("verify", verify, addresses))
+        rows.append(measure("verify", verify, addresses, caches))
         # One agent powered off: its column SSH after one bounded wait; exit 1 by design.
         dead = spec.nodes[-1]
         nodes.stop(dead)
         nodes.pull_cables(dead)
         try:
-            rows.append({**measure("verify, 1 node dead", verify, addresses), "expected_rc": 1})
+            rows.append({**measure("verify, 1 node dead", verify, addresses, caches), "expected_rc": 1})
         finally:
             nodes.pull_cables(dead, pulled=False)
             nodes.start(spec, dead)
             nodes.wait_ready(spec, dead)
         victim = spec.nodes[1]
         lifecycle.recreate(path, victim.hostname, log=lambda *_: None)
-        rows.append(measure("one-node rebuild", deploy + ["--limit", victim.hostname], [str(victim.address)]))
+        rows.append(
+            measure("one-node rebuild", deploy + ["--limit", victim.hostname], [str(victim.address)], caches)
+        )
     finally:
         lifecycle.down(path, log=lambda *_: None)
     for row in rows:
@@ -172,8 +258,9 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
 def table(rows: list[dict]) -> str:
     lines = [
         "| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB "
-        "| CPU s controller | CPU s nodes | exit |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU s controller | CPU ms controller/node | CPU ms controller/op·host | CPU s nodes "
+        "| upstream MB via cache | upstream MB direct | exit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(value, fmt):
@@ -182,8 +269,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {r['size']} | {r['step']} | {r['wall']:.1f} | {num(r['cmds_per_host'], '.0f')} | "
-            f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | "
-            f"{num(r['cpu_controller'], '.1f')} | {num(r['cpu_nodes'], '.1f')} | {r['rc']} |"
+            f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | {num(r['cpu_controller'], '.1f')} | "
+            f"{num(r.get('cpu_ms_per_node'), '.0f')} | {num(r.get('cpu_ms_per_op'), '.2f')} | "
+            f"{num(r['cpu_nodes'], '.1f')} | {num(r.get('upstream_cache_mb'), '.1f')} | "
+            f"{num(r.get('upstream_direct_mb'), '.1f')} | {r['rc']} |"
         )
     return "\n".join(lines)
 
@@ -201,15 +290,22 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.lab.bench", description=__doc__)
-    parser.add_argument("--sizes", default="4,16,32")
+    parser.add_argument("--sizes", default="4,16,32,64")
     parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
     args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    # Each size is booted, measured and taken down before the next: the largest must fit.
+    problems = fit_problems(max(sizes), *machine_room())
+    if problems:
+        for problem in problems:
+            print(f"--sizes {args.sizes}: {problem}; nothing was booted", file=sys.stderr)
+        return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         # The facts each host asks for are kept between runs (deploy/pyinfra_ext/factcache.py): start
         # without any, as an operator's first deploy does.
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
-        for i, size in enumerate(int(s) for s in args.sizes.split(",")):
+        for i, size in enumerate(sizes):
             print(f"== {size} nodes", flush=True)
             rows += bench_size(size, 40 + i, Path(tmp))
             print(table([r for r in rows if r["size"] == size]), flush=True)

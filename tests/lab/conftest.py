@@ -126,7 +126,9 @@ def lab_ssh(lab):
     return ssh
 
 
-def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
+def run_verify(*args, cluster=LAB_CLUSTER, smoke=False) -> subprocess.CompletedProcess:
+    """verify's checks on the lab; without its smoke experiment unless `smoke` (its own lab test,
+    tests/lab/test_smoke_lab.py: the other tests' expected cells and times stay theirs)."""
     return subprocess.run(
         [
             sys.executable,
@@ -138,6 +140,7 @@ def run_verify(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
             "tests/verify",
             "--cluster",
             str(cluster),
+            *([] if smoke else ["--no-smoke"]),
             *args,
         ],
         cwd=REPO,

@@ -28,12 +28,20 @@ def _has_addr(dev: str, cidr: str, netns: str | None = None) -> bool:
     return False
 
 
+# The IB fabric's side of the emulated IPoIB links carries IPoIB connected mode's largest MTU:
+# a real fabric passes whatever IPoIB MTU the deploy gives ib0 (datagram 2044 on a 2048 IB MTU,
+# up to 65520 connected); a 1500-byte bridge silently dropped every larger frame (MPI's
+# out-of-band messages over ib0 timed out).
+FABRIC_MTU = "65520"
+
+
 def ensure_bridges(spec: LabSpec) -> None:
     links = _links()
     for bridge in (spec.bridge_mgmt, spec.bridge_ib):
         if bridge not in links:
             run("ip", "link", "add", bridge, "type", "bridge")
         run("ip", "link", "set", bridge, "up")
+    run("ip", "link", "set", spec.bridge_ib, "mtu", FABRIC_MTU)
     cidr = f"{spec.controller_address}/{spec.management.prefixlen}"
     if not _has_addr(spec.bridge_mgmt, cidr):
         run("ip", "addr", "add", cidr, "dev", spec.bridge_mgmt)
@@ -50,6 +58,8 @@ def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
         if host_end not in links:
             run("ip", "link", "add", host_end, "type", "veth", "peer", "name", peer, "netns", node.netns)
         run("ip", "link", "set", host_end, "master", bridge, "up")
+        if bridge == spec.bridge_ib:
+            run("ip", "link", "set", host_end, "mtu", FABRIC_MTU)
     ns = ("ip", "-n", node.netns)
     run(*ns, "link", "set", "lo", "up")
     run(*ns, "link", "set", "eth0", "up")

@@ -3,8 +3,10 @@ air-gapped site runs one) on the lab bridge, 10.77.0.1:5000, with TLS from a lab
 stand-ins for Determined's task images under their real names.
 
 The controller has no Docker daemon, so the images are built here: one layer with the lab's
-cached base root filesystem (Debian 12 with python3), one with boto3 and its pure-Python
-dependencies (pinned wheels, sha256-checked by pip), each image a Docker image manifest v2
+cached base root filesystem (Debian 12 with python3 and openssh-server/-client), one with boto3
+and its pure-Python dependencies (pinned wheels, sha256-checked by pip), one with Debian's
+Open MPI and mpi4py (DEB_PACKAGES: the smoke experiment's distributed trial,
+deploy/experiment/smoke.py), each image a Docker image manifest v2
 schema 2 with its image config, pushed through the registry's HTTP API v2 (blob uploads, then
 the manifest). Everything is deterministic (sorted tar entries, fixed mtimes, no owner names,
 gzip mtime 0, sorted JSON), so the same base and wheels give the same digests; the base is
@@ -13,7 +15,8 @@ into cluster.yaml's task_image lines (update_cluster_yaml).
 
 State under /var/lib/dtlab/registry: ca.{key,crt} (the lab CA: sources.registry_ca),
 server.{key,crt}, config.yml, storage/ (the registry's), layers/ (built layers, reused while
-their inputs are unchanged), wheels/.
+their inputs are unchanged), wheels/, debs/ (the Debian packages and the apt state that
+resolved them).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import BASE_ROOTFS, RUN, STATE
+from .paths import APT_PROXY_PORT, BASE_ROOTFS, RUN, STATE
 from .shell import LabError, run
 
 DIR = STATE / "registry"
@@ -44,6 +47,7 @@ CA_KEY, CA_CRT = DIR / "ca.key", DIR / "ca.crt"
 SERVER_KEY, SERVER_CRT = DIR / "server.key", DIR / "server.crt"
 CONFIG = DIR / "config.yml"
 STORAGE, LAYERS, WHEELS = DIR / "storage", DIR / "layers", DIR / "wheels"
+DEBS = DIR / "debs"
 ADDRESS, PORT = "10.77.0.1", 5000
 HOST = f"{ADDRESS}:{PORT}"
 BINARY = "/usr/bin/docker-registry"
@@ -477,6 +481,139 @@ def fill_wheels(wheels: list[Path]):
     return fill
 
 
+# --- Debian's Open MPI and mpi4py -----------------------------------------------------------
+
+# What the smoke experiment's two-agent trial runs (deploy/experiment/smoke.py): mpirun over
+# ssh, an mpi4py allreduce. sshd and ssh come with the base (rootfs.BASE_PACKAGES has
+# openssh-server, which depends on openssh-client).
+DEB_PACKAGES = ("openmpi-bin", "python3-mpi4py")
+# The base is merged-/usr (Debian 12): a package's /lib/... lands in /usr/lib/...; a layer entry
+# "lib/" would replace the base's lib -> usr/lib symlink with a directory and break the image.
+_MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
+# What openmpi-bin's postinst registers with update-alternatives (mpi-default-bin points there
+# too): maintainer scripts do not run here, so the layer carries the links they would make.
+_ALTERNATIVES = {"mpirun": "/usr/bin/mpirun.openmpi", "mpiexec": "/usr/bin/mpiexec.openmpi"}
+
+
+def _apt_options() -> list[str]:
+    """apt-get on the controller with its own state under DEBS, resolving against the base's
+    dpkg status (only what the base lacks is fetched), through the lab's apt-cacher-ng; the
+    archive's signature checked with the base's own Debian keyring."""
+    from .rootfs import DEBIAN_MIRROR
+
+    etc, state = DEBS / "etc", DEBS / "state"
+    for d in (
+        etc / "preferences.d",
+        etc / "apt.conf.d",
+        state / "lists/partial",
+        DEBS / "cache/archives/partial",
+    ):
+        d.mkdir(parents=True, exist_ok=True)
+    keyring = BASE_ROOTFS / "usr/share/keyrings/debian-archive-keyring.gpg"
+    (etc / "sources.list").write_text(f"deb [signed-by={keyring}] {DEBIAN_MIRROR} bookworm main\n")
+    (state / "status").write_bytes((BASE_ROOTFS / "var/lib/dpkg/status").read_bytes())
+    return [
+        "-q", "-o", f"Dir::Etc={etc}", "-o", f"Dir::State={state}",
+        "-o", f"Dir::State::status={state}/status",
+        "-o", f"Dir::Cache={DEBS}/cache", "-o", "Debug::NoLocking=1", "-o", "APT::Architecture=amd64",
+        "-o", f"Acquire::http::Proxy=http://127.0.0.1:{APT_PROXY_PORT}",
+    ]  # fmt: skip
+
+
+def fetch_debs() -> list[Path]:
+    """DEB_PACKAGES and what they need beyond the base, resolved once per base (the resolution
+    is remembered in debs/resolved.json, keyed by the base's dpkg status and DEB_PACKAGES)."""
+    status = (BASE_ROOTFS / "var/lib/dpkg/status").read_bytes()
+    key = hashlib.sha256(status + " ".join(DEB_PACKAGES).encode()).hexdigest()
+    resolved = DEBS / "resolved.json"
+    archives = DEBS / "cache/archives"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        known = json.loads(resolved.read_text())
+        paths = [archives / name for name in known["debs"]]
+        if known["key"] == key and all(p.exists() for p in paths):
+            return paths
+    options = _apt_options()
+    for old in archives.glob("*.deb"):
+        old.unlink()
+    for command in (["update"], ["install", "-d", "-y", "--no-install-recommends", *DEB_PACKAGES]):
+        proc = subprocess.run(["apt-get", *options, *command], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise LabError(f"apt-get {command[0]} for the task images' {' '.join(DEB_PACKAGES)} failed: "
+                           f"{(proc.stderr or proc.stdout).strip()[-1500:]}")  # fmt: skip
+    paths = sorted(archives.glob("*.deb"))
+    if not paths:
+        raise LabError(f"apt-get fetched none of {' '.join(DEB_PACKAGES)} (already in the base?)")
+    resolved.write_text(json.dumps({"key": key, "debs": [p.name for p in paths]}, indent=1) + "\n")
+    return paths
+
+
+def debs_key(debs: list[Path]) -> str:
+    h = hashlib.sha256(
+        f"debs {BUILD_FORMAT} {sorted(_MERGED.items())} {sorted(_ALTERNATIVES.items())}\n".encode()
+    )
+    for p in debs:
+        h.update(f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
+    return "debs-" + h.hexdigest()[:32]
+
+
+def _merged(name: str) -> str:
+    """A package path as it lands in the merged-/usr base ('./lib/x' -> 'usr/lib/x')."""
+    name = os.path.normpath(name.removeprefix("./")).lstrip("/")
+    top, sep, rest = name.partition("/")
+    return _MERGED[top] + sep + rest if top in _MERGED else name
+
+
+def deb_entries(deb: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """The files of one .deb (dpkg-deb --fsys-tarfile), paths merged into /usr."""
+    proc = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise LabError(f"dpkg-deb --fsys-tarfile {deb.name}: {proc.stderr.decode(errors='replace')[-300:]}")
+    entries = []
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
+        for info in tar:
+            info.name = _merged(info.name)
+            if info.islnk():
+                info.linkname = _merged(info.linkname)
+            data = tar.extractfile(info).read() if info.isreg() else None  # type: ignore[union-attr]
+            entries.append((info, data))
+    return entries
+
+
+def fill_debs(debs: list[Path]):
+    """The packages' files as dpkg would unpack them (no maintainer scripts: the alternatives
+    their postinst registers are links here; the base's dpkg database does not list them)."""
+
+    def fill(tar: tarfile.TarFile) -> None:
+        entries: dict[str, tuple[tarfile.TarInfo, bytes | None]] = {}
+        for deb in debs:
+            for info, data in deb_entries(deb):
+                if info.name in (".", *_MERGED, *_MERGED.values()) or info.name.startswith("../"):
+                    continue
+                if info.name in entries and not (info.isdir() and entries[info.name][0].isdir()):
+                    raise LabError(f"{info.name} is in two packages ({deb.name})")
+                entries.setdefault(info.name, (info, data))
+        for name, target in _ALTERNATIVES.items():
+            for path, to in (
+                (f"usr/bin/{name}", f"/etc/alternatives/{name}"),
+                (f"etc/alternatives/{name}", target),
+            ):
+                link = tarfile.TarInfo(path)
+                link.type, link.linkname, link.mode = tarfile.SYMTYPE, to, 0o777
+                entries[path] = (link, None)
+        for name in sorted(entries):
+            info, data = entries[name]
+            tar.addfile(_fixed(info), io.BytesIO(data) if data is not None else None)
+
+    return fill
+
+
+LAYER_HISTORY = (
+    "the lab's base root filesystem (Debian 12)",
+    "boto3 and its dependencies",
+    f"Debian's {', '.join(DEB_PACKAGES)}",
+)
+
+
 # --- images ---------------------------------------------------------------------------------
 
 
@@ -487,9 +624,10 @@ def image_config(image: Image, layers: list[Layer]) -> bytes:
         "os": "linux",
         "config": {"Env": list(image.env), "Cmd": ["/bin/bash"]},
         "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        # One entry per layer (Docker counts the non-empty ones against rootfs.diff_ids).
         "history": [
-            {"created_by": "tests/lab/registry.py: the lab's base root filesystem (Debian 12)"},
-            {"created_by": "tests/lab/registry.py: boto3 and its dependencies"},
+            {"created_by": f"tests/lab/registry.py: {what}"}
+            for what, _ in zip(LAYER_HISTORY, layers, strict=False)
         ],
     }
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
@@ -518,9 +656,11 @@ def build_layers(log=print) -> list[Layer]:
     base = write_layer(base_key, fill_rootfs(BASE_ROOTFS))
     wheels = fetch_wheels()
     python = write_layer(wheels_key(wheels), fill_wheels(wheels))
+    debs = fetch_debs()
+    mpi = write_layer(debs_key(debs), fill_debs(debs))
     if not cached:
         log(f"task image layers built ({time.monotonic() - t0:.1f}s)")
-    return [base, python]
+    return [base, python, mpi]
 
 
 def push_images(layers: list[Layer]) -> dict[str, str]:

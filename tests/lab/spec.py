@@ -16,6 +16,11 @@ import yaml
 
 from .paths import DISKS, NODES
 
+# What the MinIO stand-in (tests/lab/standins/minio/minio) needs beyond python3 for its admin
+# API: argon2id and AES-GCM to decrypt madmin's request bodies. The real MinIO is a static Go
+# binary with both built in, so only the lab's storage node gets these, before its first boot.
+MINIO_STANDIN_PACKAGES = ("python3-argon2", "python3-cryptography")
+
 
 @dataclass(frozen=True)
 class LabNode:
@@ -131,7 +136,8 @@ def load_spec(cluster_path: Path) -> LabSpec:
             ipoib_address=n.ipoib_address,
             prefixlen=cluster.network.management.prefixlen,
             is_storage=n.hostname == cluster.storage_node.hostname,
-            packages=packages.get(n.hostname, ()),
+            packages=packages.get(n.hostname, ())
+            + (MINIO_STANDIN_PACKAGES if n.hostname == cluster.storage_node.hostname else ()),
         )
         for n in cluster.nodes
     )

@@ -46,9 +46,12 @@ PATTERNS = "/root/.scheduler-lab-patterns"  # removed again by every test that w
 
 
 def secrets_of(cluster) -> list[str]:
+    from deploy.minio_iam import determined_secret_key
+
     return [
         cluster.storage.access_key.value,
         cluster.storage.secret_key.value,
+        determined_secret_key(cluster.storage),  # Determined's MinIO user (deploy/minio_iam.py)
         cluster.database.password.value,
         cluster.determined.admin_password.value,
     ]

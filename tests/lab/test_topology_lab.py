@@ -20,7 +20,7 @@ import time
 import pytest
 import yaml
 
-from tests.verify.master_api import _http, _master_url, _slot_count, admin_token
+from tests.verify.master_api import _slot_count, list_agents
 
 from .conftest import LAB_CLUSTER, REPO, run_verify
 
@@ -69,9 +69,7 @@ def expected_cluster(cluster, layouts: dict[str, str] | None = None) -> dict[str
 
 
 def listed_agents(cluster) -> dict[str, dict]:
-    status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=admin_token(cluster))
-    assert status == 200, f"GET /api/v1/agents -> {status}"
-    return {a["id"]: a for a in body.get("agents") or []}
+    return {a["id"]: a for a in list_agents(cluster)}
 
 
 def enabled(agents: dict[str, dict]) -> dict[str, int]:

@@ -597,7 +597,8 @@ def postgres():
     )
     yield {"user": role, "password": password, "host": "127.0.0.1", "port": int(port), "name": role}
     _psql(int(port), f"DROP DATABASE IF EXISTS {role} WITH (FORCE);\nDROP ROLE IF EXISTS {role};\n")
-    if started:
+    # Under pytest-xdist another worker's copy of this fixture may still be using the cluster.
+    if started and "PYTEST_XDIST_WORKER" not in os.environ:
         subprocess.run(["pg_ctlcluster", version, name, "stop"], check=False)
 
 
@@ -780,4 +781,319 @@ def test_health_turns_503_when_the_database_goes_away(tmp_path, postgres):
         assert status == 503 and body["database"] == "down" and body["status"] == "down"
     finally:
         _psql(postgres["port"], f"ALTER ROLE {postgres['user']} LOGIN;\n")
+        master.kill()
+
+
+# --------------------------------------------------------------------------- experiments and trials
+
+TRIALS = STANDINS / "lab_trials.py"
+LAB_TCD = {
+    "image": {"cuda": "registry/gpu:1", "cpu": "registry/cpu:1"},
+    "environment_variables": ["AWS_DEFAULT_REGION=eu-west-3", "SHARED=default"],
+    "devices": [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}],
+    "add_capabilities": ["IPC_LOCK"],
+    "dtrain_network_interface": "ib0",
+}
+LAB_STORAGE = {
+    "type": "s3",
+    "bucket": "b",
+    "access_key": "k",
+    "secret_key": "s",
+    "endpoint_url": "http://m:9000",
+}
+GOOD = "entrypoint: python3 train.py\nsearcher: {name: single, metric: loss, max_length: 1}\n"
+
+
+@pytest.fixture(scope="module")
+def trials():
+    return load(TRIALS)
+
+
+def refusal(trials, text: str) -> str:
+    with pytest.raises(trials.ExpConfigError) as info:
+        trials.parse_config(text)
+    return str(info.value)
+
+
+def test_experiment_config_unknown_keys_get_the_schema_errors(trials):
+    region = refusal(trials, GOOD + "checkpoint_storage: {type: s3, bucket: b, region: us-east-1}\n")
+    line = '<config>.checkpoint_storage: additionalProperties "region" not allowed'
+    # checkpoint-storage.json and its s3 union variant both refuse it (schemas/util.go renders both).
+    assert region == (
+        "invalid experiment configuration: version 0 experiment config is invalid: config is invalid: "
+        f"{line}\n{line}"
+    )
+    assert refusal(trials, GOOD + "gpu_affinity: true\n").endswith(
+        '<config>: additionalProperties "gpu_affinity" not allowed'
+    )
+    assert refusal(trials, GOOD + "resources: {gpu_affinity: 1}\n").endswith(
+        '<config>.resources: additionalProperties "gpu_affinity" not allowed'
+    )
+    # A key of another searcher is unknown to the single searcher's variant only: once.
+    assert refusal(trials, GOOD.replace("max_length: 1", "max_trials: 2")).endswith(
+        'config is invalid: <config>.searcher: additionalProperties "max_trials" not allowed'
+    )
+    assert refusal(trials, GOOD + "resources: {slots: 2}\n") == (
+        '<config>.resources: additionalProperties "slots" not allowed'
+    )
+    assert refusal(trials, "version: 1\n") == "invalid experiment configuration: invalid version: 1"
+
+
+def test_experiment_config_merges_task_container_defaults_and_storage(trials):
+    config = trials.parse_config(
+        GOOD
+        + "environment: {environment_variables: [SHARED=mine], image: {cpu: my/cpu:2}}\n"
+        + "resources: {devices: [{host_path: /dev/fuse, container_path: /dev/infiniband}]}\n"
+        + "checkpoint_storage: {type: s3, prefix: mine}\n"
+    )
+    merged = trials.merge_config(config, LAB_TCD, LAB_STORAGE)
+    # EnvironmentVariablesMapV0.Merge: the defaults first, the experiment's after (they win).
+    assert merged["environment"]["environment_variables"]["cuda"] == [
+        "AWS_DEFAULT_REGION=eu-west-3",
+        "SHARED=default",
+        "SHARED=mine",
+    ]
+    assert merged["environment"]["image"] == {"cuda": "registry/gpu:1", "cpu": "my/cpu:2"}
+    assert merged["environment"]["add_capabilities"] == ["IPC_LOCK"]
+    # DevicesConfigV0.Merge: the experiment's container path wins, no duplicate.
+    assert merged["resources"]["devices"] == [{"host_path": "/dev/fuse", "container_path": "/dev/infiniband"}]
+    # A union merge: same type, the master's fields fill the experiment's gaps.
+    assert merged["checkpoint_storage"] == {
+        **LAB_STORAGE,
+        "prefix": "mine",
+        "save_experiment_best": 0,
+        "save_trial_best": 1,
+        "save_trial_latest": 1,
+    }
+    assert merged["max_restarts"] == 5 and merged["resources"]["slots_per_trial"] == 1
+    assert trials.completeness_errors(merged) == []
+    other = trials.merge_config(
+        trials.parse_config(GOOD + "checkpoint_storage: {type: shared_fs, host_path: /x}\n"),
+        LAB_TCD,
+        LAB_STORAGE,
+    )
+    assert other["checkpoint_storage"]["type"] == "shared_fs" and "bucket" not in other["checkpoint_storage"]
+
+
+def test_experiment_config_completeness(trials):
+    config = trials.parse_config("entrypoint: x\nsearcher: {name: single}\n")
+    errors = trials.completeness_errors(trials.merge_config(config, LAB_TCD, LAB_STORAGE))
+    assert errors == ["<config>.searcher: metric is a required property"] * 2
+    assert trials.hparams_of({"lr": 0.1, "n": {"type": "const", "val": 3}, "opt": {"beta": 1}}) == {
+        "lr": 0.1,
+        "n": 3,
+        "opt": {"beta": 1},
+    }
+    with pytest.raises(trials.ExpConfigError):
+        trials.hparams_of({"lr": {"type": "double", "minval": 0, "maxval": 1}})
+
+
+def lab_agents(**used) -> list[dict]:
+    sizes = {"lab-gpu1-0": 4, "lab-gpu1-1": 4, "lab-gpu2-0": 8, "lab-gpu3": 8}
+    return [
+        {"id": a, "slots": n, "used": used.get(a.replace("-", "_"), 0), "usable": True}
+        for a, n in sizes.items()
+    ]
+
+
+def test_fitting_follows_the_real_best_fit(trials):
+    fits = trials.find_fits
+    one = fits(1, lab_agents(), "1.a.1")
+    assert len(one) == 1 and one[0][0] in ("lab-gpu1-0", "lab-gpu1-1")  # the fullest that fits
+    assert fits(8, lab_agents(), "x")[0][1] == 8 and len(fits(8, lab_agents(), "x")) == 1
+    assert sorted(fits(16, lab_agents(), "x")) == [("lab-gpu2-0", 8), ("lab-gpu3", 8)]
+    assert fits(12, lab_agents(), "x") == []  # not a multiple of one agent size
+    assert fits(16, lab_agents(lab_gpu3=1), "x") == []  # dedicated fits need idle agents
+    assert sorted(fits(8, lab_agents(lab_gpu2_0=1, lab_gpu3=1), "x")) == [
+        ("lab-gpu1-0", 4),
+        ("lab-gpu1-1", 4),
+    ]
+    disabled = [{**a, "usable": a["id"] != "lab-gpu3"} for a in lab_agents()]
+    assert fits(16, disabled, "x") == []
+    assert fits(8, lab_agents(), "x", single_agent=True)[0][1] == 8
+
+
+def test_agent_builds_the_docker_request_and_the_archive(tmp_path):
+    import io
+    import tarfile
+
+    agent = load(AGENT)
+    opts = {
+        "agent_id": "lab-gpu1-0",
+        "master_host": "lab-master",
+        "master_port": 8080,
+        "container_master_host": "10.0.0.1",
+        "container_master_port": 0,
+        "http_proxy": "",
+        "https_proxy": "http://proxy:3128",
+        "ftp_proxy": "",
+        "no_proxy": "",
+    }
+    runtime = agent.Runtime(opts, None, {"master_info": {"cluster_id": "c1", "master_id": "m1"}})
+    spec = {
+        "container_id": "cid",
+        "description": "exp-1-trial-1-attempt-1",
+        "image": "img",
+        "env": ["DET_TRIAL_ID=1"],
+        "cmd": ["sh", "-c", "true"],
+        "workdir": "/run/determined/workdir",
+        "network_mode": "host",
+        "mounts": [],
+        "shm_size": 4294967296,
+        "cap_add": ["IPC_LOCK"],
+        "cap_drop": [],
+        "devices": [],
+        "slots": [{"id": 2, "uuid": "GPU-2", "type": "cuda"}, {"id": 3, "uuid": "GPU-3", "type": "cuda"}],
+    }
+    body = runtime.create_body(spec)
+    # The master's variables, then addProxyInfo, makeGlobalEnvVars and containerEnv (spec.go).
+    assert body["Env"] == [
+        "DET_TRIAL_ID=1",
+        "HTTPS_PROXY=http://proxy:3128",
+        "DET_CLUSTER_ID=c1",
+        "DET_MASTER_ID=m1",
+        "DET_MASTER=http://10.0.0.1:8080",
+        "DET_MASTER_HOST=10.0.0.1",
+        "DET_MASTER_ADDR=10.0.0.1",
+        "DET_MASTER_PORT=8080",
+        "DET_AGENT_ID=lab-gpu1-0",
+        "DET_CONTAINER_ID=cid",
+        "DET_SLOT_IDS=[2,3]",
+    ]
+    assert body["HostConfig"]["DeviceRequests"] == [
+        {"Driver": "nvidia", "Capabilities": [["gpu", "compute", "utility"]], "DeviceIDs": ["GPU-2", "GPU-3"]}
+    ]
+    assert body["Labels"]["ai.determined.container.devices"] == "2,3"
+    assert body["Labels"]["ai.determined.container.type"] == "task-container"
+    files = [
+        {"path": "/run/determined/ssh", "dir": True, "mode": 0o700},
+        {"path": "/run/determined/ssh/id_rsa", "content": "a2V5", "mode": 0o600},
+        {
+            "path": "/run/determined/info/cluster.json",
+            "content": "eyJtYXN0ZXJfdXJsIjogbnVsbH0=",
+            "mode": 0o644,
+        },
+    ]
+    with tarfile.open(fileobj=io.BytesIO(agent.build_archive(files, "http://m:8080"))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert members["run/determined/ssh"].isdir() and members["run/determined/ssh/id_rsa"].mode == 0o600
+        assert tar.extractfile("run/determined/ssh/id_rsa").read() == b"key"
+        cluster = json.loads(tar.extractfile("run/determined/info/cluster.json").read())
+        assert cluster == {"master_url": "http://m:8080"}
+    assert agent.image_ref("10.77.0.1:5000/a/b:t@sha256:ff") == ("10.77.0.1:5000/a/b:t", "sha256:ff")
+    assert agent.image_ref("10.77.0.1:5000/a/b") == ("10.77.0.1:5000/a/b", "latest")
+
+
+@pytest.mark.pg
+def test_master_runs_an_experiment_through_the_agent_protocol(tmp_path, postgres):
+    """A fake agent speaks the lab protocol: the master places the trial, hands over the
+    container spec, takes its states and output, and ends the experiment."""
+    config = base_config(tmp_path, postgres["port"])
+    config["db"] = dict(postgres)
+    config["task_container_defaults"] = LAB_TCD
+    master = MasterProcess(tmp_path, config)
+    try:
+        master.wait_healthy()
+        token = master.login("Admin-Passw0rd")[1]["token"]
+        devices = [{"id": i, "brand": b, "uuid": u, "type": "cuda"} for i, b, u in GPUS[:4]]
+        assert master.request("GET", "/agents/setup?id=gpu1")[0] == 200
+        assert (
+            master.request("POST", "/agents/started?id=gpu1", {"devices": devices, "version": "0.38.0"})[0]
+            == 200
+        )
+
+        def create(text: str):
+            model = [{"path": "train.py", "type": 48, "content": "cHJpbnQoMSk=", "mode": 33188, "mtime": "0"}]
+            return master.request(
+                "POST",
+                "/api/v1/experiments",
+                {"config": text, "modelDefinition": model, "activate": True},
+                token=token,
+            )
+
+        status, body = create(GOOD + "checkpoint_storage: {type: s3, region: x}\n")
+        assert status == 500 and body["error"]["reason"] == "Internal"
+        assert '"region" not allowed' in body["error"]["error"]
+        status, body = create(GOOD + "resources: {slots_per_trial: 5}\n")
+        assert (
+            body["error"]["error"]
+            == "invalid resource configuration: slots requested exceeds cluster capacity"
+        )
+        status, body = create(GOOD.replace("entrypoint: python3 train.py\n", ""))
+        assert body["error"]["error"] == "managed experiments require entrypoint"
+
+        status, body = create(GOOD + "max_restarts: 0\nresources: {slots_per_trial: 2}\n")
+        assert status == 200, body
+        exp_id = body["experiment"]["id"]
+        assert body["config"]["checkpoint_storage"]["secret_key"] == "********"
+        status, work = master.request("GET", "/agents/work?id=gpu1&wait=10")
+        (spec,) = work["start"]
+        env = dict(item.split("=", 1) for item in spec["env"])
+        assert env["DET_TASK_TYPE"] == "TRIAL" and env["DET_EXPERIMENT_ID"] == str(exp_id)
+        assert env["DET_INTER_NODE_NETWORK_INTERFACE"] == "ib0"
+        assert (
+            json.loads(env["DET_EXPERIMENT_CONFIG"])["checkpoint_storage"]["secret_key"]
+            == "minio-Secret-Key-1"
+        )
+        # task_container_defaults' variables after the DET_* ones.
+        assert spec["env"][-2:] == ["AWS_DEFAULT_REGION=eu-west-3", "SHARED=default"]
+        assert (
+            spec["network_mode"] == "bridge" and len(spec["slots"]) == 2 and spec["image"] == "registry/gpu:1"
+        )
+        paths = {f["path"] for f in spec["files"]}
+        assert {"/run/determined/workdir/train.py", "/run/determined/ssh/id_rsa"} <= paths
+        assert "/run/determined/info/rendezvous.json" in paths
+        cid = spec["container_id"]
+        trial_url = f"/api/v1/experiments/{exp_id}/trials"
+        assert (
+            master.request("POST", "/agents/containers?id=gpu1", {"container_id": cid, "state": "RUNNING"})[0]
+            == 200
+        )
+        assert master.request("GET", trial_url, token=token)[1]["trials"][0]["state"] == "STATE_RUNNING"
+        status, body = master.request("POST", f"/api/v1/experiments/{exp_id}/archive", token=token)
+        assert status == 400 and body["error"]["error"] == "Experiment is not in terminal state."
+        line = {"container_id": cid, "stdtype": "stdout", "message": "hello\n"}
+        assert master.request("POST", "/agents/logs?id=gpu1", {"logs": [line]})[0] == 200
+        done = {"container_id": cid, "state": "TERMINATED", "exit_code": 0}
+        assert master.request("POST", "/agents/containers?id=gpu1", done)[0] == 200
+        trial = master.request("GET", trial_url, token=token)[1]["trials"][0]
+        assert trial["state"] == "STATE_COMPLETED"
+        exp = master.request("GET", f"/api/v1/experiments/{exp_id}", token=token)[1]["experiment"]
+        assert exp["state"] == "STATE_COMPLETED"
+        conn = http.client.HTTPConnection("127.0.0.1", master.port, timeout=10)
+        conn.request(
+            "GET", f"/api/v1/trials/{trial['id']}/logs", headers={"Authorization": f"Bearer {token}"}
+        )
+        logs = [json.loads(x)["result"] for x in conn.getresponse().read().splitlines()]
+        conn.close()
+        assert any(e["message"] == "hello\n" and e["rankId"] == 0 and e["agentId"] == "gpu1" for e in logs)
+        conn = http.client.HTTPConnection("127.0.0.1", master.port, timeout=10)
+        conn.request(
+            "GET",
+            f"/api/v1/trials/{trial['id']}/logs?follow=true",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        followed = [json.loads(x)["result"] for x in conn.getresponse().read().splitlines()]
+        conn.close()
+        assert followed == logs  # the trial ended: following returns what exists and ends
+        assert master.request("POST", f"/api/v1/experiments/{exp_id}/archive", token=token)[0] == 200
+        assert (
+            master.request("POST", "/agents/containers?id=gpu1", {"container_id": "x", "state": "RUNNING"})[0]
+            == 404
+        )
+
+        # An agent process that starts again (reconnect=false) took its containers with it.
+        status, body = create(GOOD + "max_restarts: 0\n")
+        exp_id = body["experiment"]["id"]
+        (spec,) = master.request("GET", "/agents/work?id=gpu1&wait=10")[1]["start"]
+        running = {"container_id": spec["container_id"], "state": "RUNNING"}
+        assert master.request("POST", "/agents/containers?id=gpu1", running)[0] == 200
+        assert master.request("GET", "/agents/setup?id=gpu1&reconnect=false")[0] == 200
+        trial_url = f"/api/v1/experiments/{exp_id}/trials"
+        wait_for(
+            lambda: master.request("GET", trial_url, token=token)[1]["trials"][0]["state"] == "STATE_ERROR",
+            10,
+            "the lost trial's error",
+        )
+    finally:
         master.kill()

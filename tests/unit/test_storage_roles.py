@@ -29,7 +29,7 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.postgres import PostgresDatabases
 from pyinfra.operations import postgres
 
-from deploy import s3
+from deploy import minio_iam, s3
 from deploy.cluster import load_cluster
 from roles import (
     determined_agent,
@@ -40,7 +40,6 @@ from roles import (
     postgresql,
     shared_ops,
 )
-from roles.templates import files_path
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 from tests.verify.test_storage import parse_env_file
 
@@ -142,8 +141,9 @@ def test_master_yaml_values(cluster):
     assert config["checkpoint_storage"] == {
         "type": "s3",
         "bucket": "det-checkpoints",
-        "access_key": NASTY["T_ACCESS"],
-        "secret_key": NASTY["T_SECRET"],
+        # Determined's bucket-only user (deploy/minio_iam.py), never MinIO's root keys.
+        "access_key": "determined",
+        "secret_key": minio_iam.determined_secret_key(cluster.storage),
         "endpoint_url": "http://127.0.0.1:9000",  # m1's address: trials on the bridge network
         "save_experiment_best": 0,
         "save_trial_best": 1,
@@ -201,7 +201,7 @@ def test_minio_env_file(cluster):
     env = parse_env_file(minio.env_content(cluster))
     assert env == {
         "MINIO_VOLUMES": "/mnt/data",
-        "MINIO_OPTS": "--address :9000 --console-address :9001",
+        "MINIO_OPTS": "--address :9000 --console-address 127.0.0.1:9001",
         "MINIO_ROOT_USER": NASTY["T_ACCESS"],
         "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"],
         "MINIO_SITE_REGION": "us-east-1",
@@ -210,8 +210,8 @@ def test_minio_env_file(cluster):
 
 def test_master_s3_env_file(cluster):
     assert parse_env_file(determined_master.s3_env(cluster)) == {
-        "AWS_ACCESS_KEY_ID": NASTY["T_ACCESS"],
-        "AWS_SECRET_ACCESS_KEY": NASTY["T_SECRET"],
+        "AWS_ACCESS_KEY_ID": "determined",
+        "AWS_SECRET_ACCESS_KEY": minio_iam.determined_secret_key(cluster.storage),
         "AWS_DEFAULT_REGION": "us-east-1",
     }
 
@@ -280,11 +280,20 @@ def test_scram_verifier_against_rfc7677_example():
 
 def test_password_matches():
     verifier = postgresql.scram_verifier("pw-1", b"0123456789abcdef")
-    current = {"salt": verifier.split("$")[1], "digest": hashlib.sha256(verifier.encode()).hexdigest()}
-    assert postgresql.password_matches("pw-1", current)
-    assert not postgresql.password_matches("pw-2", current)
-    assert not postgresql.password_matches("pw-1", {"salt": "", "digest": current["digest"]})
-    assert not postgresql.password_matches("pw-1", None)
+    key = b"k" * 64  # the node's key (roles/postgresql_role.py digest_key)
+    current = {
+        "salt": verifier.split("$")[1],
+        "digest": hmac.new(key, verifier.encode(), "sha256").hexdigest(),
+    }
+    assert postgresql.password_matches("pw-1", current, key)
+    assert not postgresql.password_matches("pw-2", current, key)
+    assert not postgresql.password_matches("pw-1", current, b"j" * 64)
+    assert not postgresql.password_matches("pw-1", current, None)
+    assert not postgresql.password_matches("pw-1", {"salt": "", "digest": current["digest"]}, key)
+    assert not postgresql.password_matches("pw-1", None, key)
+    # A plain hash of the verifier (what -vvv printed before) no longer counts.
+    plain = {**current, "digest": hashlib.sha256(verifier.encode()).hexdigest()}
+    assert not postgresql.password_matches("pw-1", plain, key)
 
 
 # --- operations, with a host whose facts are given ------------------------------------------
@@ -307,6 +316,10 @@ class FakeHost:
     def get_temp_filename(self, key=None, **kwargs):
         return f"/tmp/pyinfra-{hashlib.sha1(str(key).encode()).hexdigest()}"
 
+    def get_file(self, path, buffer, **kwargs):  # SFTP, here on this machine
+        buffer.write(Path(path).read_bytes())
+        return True
+
 
 def run_op(op, facts, *args, **kwargs) -> list:
     with ctx_host.use(FakeHost(facts)):
@@ -319,25 +332,17 @@ def _shown(commands) -> str:
 
 
 def test_secret_file_sets_mode_before_content_and_never_shows_it():
-    from pyinfra.facts.files import File, Sha1File
+    from deploy.facts.trust import SecretFileState
 
     secret = shared_ops.SecretBytes("KEY=" + NASTY["T_SECRET"])
-    commands = run_op(shared_ops.secret_file, {File: None, Sha1File: None}, "/etc/x.env", secret)
+    commands = run_op(shared_ops.secret_file, {SecretFileState: None}, "/etc/x.env", secret)
     assert [type(c) for c in commands] == [StringCommand, FileUploadCommand]
     assert str(commands[0]) == "touch /etc/x.env && chown root:root /etc/x.env && chmod 600 /etc/x.env"
     assert NASTY["T_SECRET"] not in _shown(commands) + repr(secret) + str(secret)
     assert commands[1].src.read() == secret.data
 
 
-def test_secret_file_unchanged_is_no_change_and_mode_drift_is_fixed():
-    from pyinfra.facts.files import File, Sha1File
-
-    secret = shared_ops.SecretBytes("same")
-    sha1 = hashlib.sha1(b"same").hexdigest()
-    ok = {File: {"user": "root", "group": "root", "mode": 600}, Sha1File: sha1}
-    assert run_op(shared_ops.secret_file, ok, "/etc/x", secret) == []
-    drift = {File: {"user": "root", "group": "root", "mode": 644}, Sha1File: sha1}
-    assert [str(c) for c in run_op(shared_ops.secret_file, drift, "/etc/x", secret)] == ["chmod 600 /etc/x"]
+# Unchanged, drifted and changed secret files: tests/unit/test_trust_odds.py.
 
 
 def test_verified_binary_skips_a_matching_file():
@@ -418,26 +423,7 @@ def test_role_password_never_shown():
     assert NASTY["T_DB"] not in sql
 
 
-def test_pgdg_key_only_when_missing_and_only_with_the_pinned_fingerprint(http_dir, tmp_path):
-    from pyinfra.facts.files import File
-
-    assert run_op(postgresql.pgdg_key, {File: {"mode": 644}}) == []
-    [command] = run_op(postgresql.pgdg_key, {File: None})
-    assert str(command).endswith(
-        f"pgdg-key.sh {postgresql.PGDG_KEY_URL} {postgresql.PGDG_KEY_FINGERPRINT} {postgresql.PGDG_KEY}"
-    )
-    served, base = http_dir
-    (served / "key.asc").write_text("not a key\n")
-    dest = tmp_path / "keys" / "pgdg.asc"
-    script = files_path("postgresql/pgdg-key.sh").read_text()
-    run = subprocess.run(
-        ["sh", "-c", script, "pgdg-key.sh", f"{base}/key.asc", "AB" * 20, str(dest)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 1 and "fingerprint is not " + "AB" * 20 in run.stderr
-    assert list(dest.parent.iterdir()) == []
+# PGDG's key (exactly the pinned one, re-checked): tests/unit/test_trust_odds.py.
 
 
 def load_secret(value: str):
@@ -727,13 +713,17 @@ def test_role_and_database_against_postgresql(pg_cluster):
     env, port = pg_cluster
     facts = _pg_facts(env)
     password = load_secret(NASTY["T_DB"])
-    _pg_run(env, run_op(postgresql.role, facts, "determined", password, port))
+    key = str(Path(tempfile.mkdtemp(prefix="pg-key-")) / "gpu-cluster" / "digest.key")
+    _pg_run(env, run_op(postgresql.digest_key, facts, key))
+    assert Path(key).stat().st_mode & 0o777 == 0o600 and len(Path(key).read_bytes()) == 128
+    assert run_op(postgresql.digest_key, facts, key) == []
+    _pg_run(env, run_op(postgresql.role, facts, "determined", password, port, key))
     assert _login(port, "determined", NASTY["T_DB"])
     assert not _login(port, "determined", "wrong")
     # Same password: no change. A new one in cluster.yaml: set, and the old one stops working.
-    assert run_op(postgresql.role, facts, "determined", password, port) == []
+    assert run_op(postgresql.role, facts, "determined", password, port, key) == []
     new = load_secret("N3w-" + NASTY["T_DB"])
-    _pg_run(env, run_op(postgresql.role, facts, "determined", new, port))
+    _pg_run(env, run_op(postgresql.role, facts, "determined", new, port, key))
     assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
 
     # pyinfra's postgres.database, as roles/postgresql.py calls it

@@ -9,6 +9,11 @@ slots_per_trial inside one domain on every agent node (from the topology checks'
 `nvidia-smi topo -m`), writes it all to reports/verify-matrix.md and JUnit XML to
 reports/verify-junit.xml, and exits non-zero when any check fails (pytest's exit status). Its
 last line names the unreachable nodes first, with the first thing to look at.
+
+It submits a smoke experiment to the master (tests/verify/test_smoke.py: a checkpoint saved and
+restored from inside trials, a two-agent allreduce over the fabric; archived and cleaned up
+after). `--no-smoke` skips it, for a production cluster that must not run jobs; `-k smoke` runs
+only it.
 """
 
 import argparse
@@ -87,13 +92,26 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--drain-unhealthy", action="store_true", help="disable agents of nodes with red health rows"
     )
+    parser.add_argument(
+        "--no-smoke",
+        action="store_true",
+        help="do not submit the smoke experiment (a cluster that must not run jobs)",
+    )
     args, rest = parser.parse_known_args(argv)
     # tests/verify/drain.py: the options of the health rows and the drain.
     flags = ["--hardware"] * args.hardware + ["--drain-unhealthy"] * args.drain_unhealthy
+    flags += ["--no-smoke"] * args.no_smoke
     rest = ["-p", "tests.verify.drain", *flags, *rest]
     if shows_locals(rest):
         print(f"python -m tests.verify: {SHOWLOCALS}", file=sys.stderr)
         return 2
+    print(
+        "verify: smoke experiment OFF (--no-smoke): no job is submitted"
+        if args.no_smoke
+        else "verify: smoke experiment ON: three small experiments go to the master, archived after "
+        "(--no-smoke for a cluster that must not run jobs)",
+        flush=True,
+    )
     reports = REPO / "reports"
     reports.mkdir(exist_ok=True)
     started, wall_started = time.monotonic(), time.time()

@@ -57,11 +57,18 @@ def pytest_collection_modifyitems(items):
     again; at 32 nodes that was four SSH connections and four probe rounds per node."""
     for item in items:
         about = _about(item)
-        item.add_marker(pytest.mark.xdist_group(about.hostname if about else "(cluster)"))
+        item.add_marker(pytest.mark.xdist_group(about.hostname if about else _cluster_group(item)))
     # Each node's cross-node checks last: they need every node's probe (verify's first step),
     # the others only their own node's verdict, so they start while a dead node is waited for.
     # (The matrix orders its rows by source location, not by when they ran.)
     items.sort(key=lambda item: item.path.name == "test_cross_node.py")
+
+
+def _cluster_group(item) -> str:
+    """The smoke experiment's checks share one run (a session fixture): one worker of their
+    own, so that the other cluster-wide checks do not wait for it (seconds on the lab, longer
+    where a trial's image must be pulled first)."""
+    return "(smoke)" if item.path.name == "test_smoke.py" else "(cluster)"
 
 
 def _about(item):
@@ -97,6 +104,12 @@ def pytest_addoption(parser):
         help="verify's first step gives each node this long per stage (TCP connect, SSH banner, "
         "login) and each peer connect this long; a node that does not answer in time is SSH "
         f"and never waited on again (default {reach_probe.DEFAULT_TIMEOUT:g})",
+    )
+    parser.addoption(
+        "--no-smoke",
+        action="store_true",
+        help="do not submit the smoke experiment (tests/verify/test_smoke.py): for a production "
+        "cluster that must not run jobs; its three rows are skipped",
     )
 
 
@@ -138,7 +151,13 @@ def host_keys_line(ssh) -> str:
 
 
 def pytest_report_header(config):
-    return getattr(config, "verify_host_keys", None)
+    smoke = (
+        "smoke experiment: OFF (--no-smoke): no job submitted"
+        if config.getoption("--no-smoke")
+        else "smoke experiment: ON: three small experiments are submitted to the master and "
+        "archived after (--no-smoke for a cluster that must not run jobs)"
+    )
+    return [line for line in (getattr(config, "verify_host_keys", None), smoke) if line]
 
 
 # --- verify's first step: who answers, who reaches whom (tests/verify/reach.py) --------------

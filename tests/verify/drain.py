@@ -127,14 +127,14 @@ class Drainer:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session):
         from tests.verify.conftest import _cluster
-        from tests.verify.master_api import _agents_of, admin_token
+        from tests.verify.master_api import _agents_of, admin_token, list_agents
 
         cluster = _cluster(self.config.getoption("--cluster"))
         state = Path(os.path.expanduser(self.config.getoption("--drain-state")))
         log = Path(self.config.getoption("--drain-log") or self.config.rootpath / "reports" / "drain.log")
         drained = set(json.loads(state.read_text())) if state.exists() else set()
         token = admin_token(cluster)
-        agents = {a["id"]: a for a in _list_agents(cluster, token)}
+        agents = {a["id"]: a for a in list_agents(cluster, token)}
         agents_of = {
             n.hostname: {i: a.get("enabled", True) for i, a in _agents_of(n, agents).items()}
             for n in cluster.agents
@@ -168,15 +168,6 @@ class Drainer:
             reporter.write_line(f"drain-unhealthy: {line}", bold=True)
         else:
             print(f"drain-unhealthy: {line}", flush=True)
-
-
-def _list_agents(cluster, token: str) -> list[dict]:
-    from tests.verify.master_api import _http, _master_url
-
-    status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
-    if status != 200:
-        raise RuntimeError(f"GET /api/v1/agents -> {status}")
-    return body.get("agents") or []
 
 
 def set_agent_enabled(cluster, token: str, agent_id: str, enabled: bool) -> int:

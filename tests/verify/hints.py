@@ -153,8 +153,10 @@ HINTS: dict[str, Hint] = {
         "MINIO_SITE_REGION in /etc/default/minio = storage.region, no legacy MINIO_REGION; " + REDEPLOY,
     ),
     "test_bucket_exists_in_region": Hint(
-        "checkpoint bucket missing or in another region",
-        REDEPLOY + " (creates the bucket); storage.region must be MinIO's site region",
+        "checkpoint bucket missing or in another region, or MinIO refuses cluster.yaml's root "
+        "keys (storage.access_key / secret_key changed on the server only)",
+        REDEPLOY + " (creates the bucket); storage.region must be MinIO's site region; the "
+        "cell's message names MinIO's answer",
     ),
     "test_master_env_has_region_and_keys": Hint(
         "the master's S3 environment (master-s3.env) is incomplete, or not in the running "
@@ -164,8 +166,26 @@ HINTS: dict[str, Hint] = {
     ),
     "test_master_credentials_write_and_read": Hint(
         "checkpoint upload refused ('Permission denied'): S3 credentials or region",
-        "try an S3 client against storage.endpoint_url with the master's keys; compare "
-        "storage.access_key / secret_key / region, then " + REDEPLOY,
+        "try an S3 client against storage.endpoint_url with the master's keys (storage."
+        "determined_user, derived secret); compare storage.secret_key / region, then " + REDEPLOY,
+    ),
+    "test_master_keys_are_determined_user_not_root": Hint(
+        "master.yaml / master-s3.env hold MinIO's root keys (or another user's): every trial "
+        "could delete any bucket and administer MinIO",
+        "storage.determined_user in cluster.yaml; " + REDEPLOY + " (writes the scoped keys)",
+    ),
+    "test_determined_user_and_policy_as_deployed": Hint(
+        "Determined's MinIO user or its policy differs from cluster.yaml (changed on the "
+        "server, or the deploy did not finish): checkpoints may be refused or too open",
+        REDEPLOY + " (writes the policy, the user's secret and the mapping again)",
+    ),
+    "test_master_keys_confined_to_the_bucket": Hint(
+        "the keys trials hold can do more than read/write the checkpoint bucket",
+        "`mc admin user info` / `mc admin policy info` for storage.determined_user; " + REDEPLOY,
+    ),
+    "test_console_listens_as_configured": Hint(
+        "MinIO's console listens elsewhere than storage.console says",
+        "MINIO_OPTS / MINIO_BROWSER in /etc/default/minio on {node}; " + REDEPLOY,
     ),
     "test_wrong_secret_refused": Hint(
         "MinIO accepted a wrong secret key: the bucket is not protected",
@@ -399,6 +419,26 @@ HINTS: dict[str, Hint] = {
         "`ls /dev/infiniband` and `/etc/init.d/openibd status` on {node} (MLNX_OFED's modules "
         "create the devices); task_container_defaults.devices in /etc/determined/master.yaml; "
         "then " + REDEPLOY,
+    ),
+    # --- test_smoke.py (a failure carries the hint that fits its message: smoke_client.py
+    # failure_hint; these are what a red cell shows otherwise) ---------------------------------
+    "test_smoke_trial_saves_a_checkpoint": Hint(
+        "a trial cannot save a checkpoint to MinIO: region mismatch (AuthorizationHeaderMalformed), "
+        "keys or policy ('Permission denied': SignatureDoesNotMatch, InvalidAccessKeyId, "
+        "AccessDenied), or the endpoint unreachable from the container",
+        "the S3 error in the detail; MINIO_SITE_REGION = storage.region; checkpoint_storage in "
+        "/etc/determined/master.yaml (keys, endpoint_url an address); then " + REDEPLOY,
+    ),
+    "test_smoke_trial_restores_it": Hint(
+        "a trial cannot read back the checkpoint another trial saved",
+        "the S3 error in the detail (NoSuchKey: a lifecycle rule or another writer under the "
+        "prefix; AccessDenied: the keys' policy lacks GetObject); then " + REDEPLOY,
+    ),
+    "test_smoke_two_agent_allreduce": Hint(
+        "'AllReduce timeout': the ranks of a two-agent trial do not reach each other over the "
+        "IPoIB interface (or rank 0 cannot ssh into the other container on port 12350)",
+        "`ibstat`, `iblinkinfo`, `ip link show` of the IPoIB interface on both agents; a firewall "
+        "(`iptables-save`); the trial's log lines in the detail; then " + REDEPLOY,
     ),
 }
 

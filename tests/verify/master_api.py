@@ -59,15 +59,22 @@ def admin_token(cluster) -> str:
     return body["token"]
 
 
+def list_agents(cluster, token: str | None = None) -> list[dict]:
+    """GET /api/v1/agents (as admin unless a token is given). Raised, not asserted, as
+    admin_token."""
+    status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token or admin_token(cluster))
+    if status != 200:
+        raise AssertionError(f"GET /api/v1/agents -> {status}")
+    return body.get("agents") or []
+
+
 def poll_agents(cluster, done) -> list[dict]:
     """GET /api/v1/agents as admin until done(agents) or REGISTRATION_WAIT seconds passed (an
     agent started before the master retries every 5 s; a restarted one reconnects)."""
     token = admin_token(cluster)
     deadline = time.monotonic() + REGISTRATION_WAIT
     while True:
-        status, body = _http(f"{_master_url(cluster)}/api/v1/agents", token=token)
-        assert status == 200, f"GET /api/v1/agents -> {status}"
-        agents = body.get("agents") or []
+        agents = list_agents(cluster, token)
         if done(agents) or time.monotonic() > deadline:
             return agents
         time.sleep(2)

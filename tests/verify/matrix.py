@@ -59,6 +59,9 @@ P_SEEN = "verify.seen"
 # JSON [hostname, ...]: nodes a cluster-wide check could not ask (dead before the checks), from
 # tests/verify/conftest.py `answering`.
 P_NOT_ASKED = "verify.not_asked"
+# JSON [symptom, action]: a check whose failures differ in cause gives the hint that fits this
+# one (tests/verify/test_smoke.py); it replaces the check's entry in hints.py for that cell.
+P_HINT = "verify.hint"
 
 OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
 MARKUP = {
@@ -213,6 +216,7 @@ class Result:
     ssh_target: str | None = None
     phase: str = "call"  # "setup": a fixture failed and the check itself never ran
     not_asked: tuple[str, ...] = ()  # nodes a cluster-wide check left out (P_NOT_ASKED)
+    hint: tuple[str, ...] | None = None  # (symptom, action) from P_HINT
 
 
 def _props(report) -> dict[str, list[str]]:
@@ -333,6 +337,9 @@ class Cell:
     def hint(self, check: str, nodes: str) -> Hint:
         hint = hint_for(check, nodes)
         failed = [r for r in self.results if r.outcome == FAIL and not r.ssh]
+        own = next((r.hint for r in failed if r.hint), None)
+        if own:
+            hint = Hint(*own).format(nodes or "the node")
         if failed and all(r.phase == "setup" for r in failed):
             # The check's own symptom was never tested: what broke is what its fixture needed.
             return Hint(
@@ -666,6 +673,7 @@ class Recorder:
                 ssh_target=(props.get(P_SSH_TARGET) or [None])[0],
                 phase=report.when,
                 not_asked=tuple(h for v in props.get(P_NOT_ASKED, []) for h in json.loads(v)),
+                hint=tuple(json.loads(props[P_HINT][0])) if P_HINT in props and outcome == FAIL else None,
             )
         )
 

@@ -12,8 +12,10 @@ import json
 
 import yaml
 
+from deploy.facts.postgresql import RoleVerifier
 from roles.determined_master import master_yaml, trial_endpoint
-from roles.postgresql import MIN_MAJOR, RoleVerifier, password_matches
+from roles.postgresql import MIN_MAJOR, password_matches
+from roles.postgresql_role import DIGEST_KEY, hmac_key
 from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, admin_token
 from tests.verify.test_storage import parse_env_file
 
@@ -185,11 +187,14 @@ def test_postgresql_version_and_connections(master, host_of, cluster):
 def test_database_role_password_is_the_configured_one(master, host_of, cluster):
     h = host_of(master)
     db = cluster.database
+    # The node's key for the keyed digest (roles/postgresql_role.py), read into memory only.
+    key = hmac_key(h.file(DIGEST_KEY).content) if h.file(DIGEST_KEY).exists else None
+    assert key is not None, f"{DIGEST_KEY} is missing or not 128 bytes"
     verifier = RoleVerifier().process(
-        [h.check_output(RoleVerifier().command(role=db.user, port=db.port).get_raw_value())]
+        [h.check_output(RoleVerifier().command(role=db.user, port=db.port, key=DIGEST_KEY))]
     )
     assert verifier is not None, f"role {db.user} does not exist"
-    matches = password_matches(db.password.value, verifier)
+    matches = password_matches(db.password.value, verifier, key)
     assert matches, f"role {db.user}'s password is not database.password from cluster.yaml"
     owner = _psql(h, cluster, f"SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = '{db.name}'")
     assert owner == db.user

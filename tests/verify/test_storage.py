@@ -1,5 +1,10 @@
 """Checkpoint storage: MinIO up, the bucket in the right region, the master's keys work.
 
+Least privilege: the keys in master.yaml and the master's environment (so in every trial) are
+Determined's own MinIO user (storage.determined_user, deploy/minio_iam.py), confined to the
+checkpoint bucket; MinIO's root keys are only in /etc/default/minio; the console listens
+where storage.console says.
+
 The article's symptom "checkpoint save fails with Permission denied -> bucket policy or wrong
 keys -> test with an S3 client against the endpoint" is test_master_credentials_write_and_read:
 it uses the keys the master's service really gets (its 0600 environment file, read over SSH),
@@ -17,10 +22,13 @@ import urllib.request
 import uuid
 
 import pytest
+import yaml
 from minio import Minio
-from minio.error import S3Error
+from minio.credentials import StaticProvider
+from minio.error import MinioAdminException, S3Error
+from minio.minioadmin import MinioAdmin
 
-from deploy import s3
+from deploy import minio_iam, s3
 
 ENV_FILES = {
     "storage": ("/etc/default/minio",),
@@ -146,6 +154,90 @@ def test_master_credentials_write_and_read(master_s3_env, cluster):
     finally:
         with contextlib.suppress(S3Error):
             client.remove_object(cluster.storage.bucket, key)
+
+
+def test_master_keys_are_determined_user_not_root(master_s3_env, cluster, host_of):
+    """master.yaml's checkpoint_storage (what trials get) and master-s3.env hold the scoped user."""
+    h = host_of(cluster.master_node)
+    config = yaml.safe_load(h.file("/etc/determined/master.yaml").content_string) or {}
+    storage = config.get("checkpoint_storage") or {}
+    root = cluster.storage.access_key.value, cluster.storage.secret_key.value
+    yaml_is_root = storage.get("access_key") == root[0] or storage.get("secret_key") == root[1]
+    env_is_root = master_s3_env.get("AWS_ACCESS_KEY_ID") == root[0] or (
+        master_s3_env.get("AWS_SECRET_ACCESS_KEY") == root[1]
+    )
+    assert not yaml_is_root, "master.yaml's checkpoint_storage holds MinIO's root keys: every trial has them"
+    assert not env_is_root, "master-s3.env holds MinIO's root keys"
+    user = cluster.storage.determined_user
+    assert storage.get("access_key") == user, f"master.yaml's checkpoint_storage.access_key is not {user}"
+    assert master_s3_env.get("AWS_ACCESS_KEY_ID") == user, f"master-s3.env's AWS_ACCESS_KEY_ID is not {user}"
+
+
+def test_determined_user_and_policy_as_deployed(cluster):
+    """The deploy's own reading through the admin API (root keys): nothing left to repair."""
+    try:
+        problems = minio_iam.read_state(cluster).problems
+    except minio_iam.IamError as e:
+        problems = [str(e)]
+    assert not problems, "; ".join(problems)
+
+
+def test_master_keys_confined_to_the_bucket(master_s3_env, cluster):
+    """The keys trials hold cannot create buckets, touch another bucket, see other buckets
+    or use the admin API (put/get/delete in the bucket: test_master_credentials_write_and_read)."""
+    key, secret, region = (
+        master_s3_env["AWS_ACCESS_KEY_ID"],
+        master_s3_env["AWS_SECRET_ACCESS_KEY"],
+        master_s3_env["AWS_DEFAULT_REGION"],
+    )
+    client = _client(cluster, key, secret, region)
+    other = f"verify-not-{uuid.uuid4().hex[:12]}"
+    refused = {}
+    for what, call in (
+        ("create a bucket", lambda: client.make_bucket(other, location=region)),
+        ("write to another bucket", lambda: client.put_object(other, "x", io.BytesIO(b"x"), 1)),
+        ("delete the bucket", lambda: client.remove_bucket(cluster.storage.bucket)),
+    ):
+        try:
+            call()
+            refused[what] = "allowed"
+        except S3Error as e:
+            refused[what] = e.code
+    allowed = {what: code for what, code in refused.items() if code != "AccessDenied"}
+    assert not allowed, f"the trials' keys may {sorted(allowed)} ({allowed})"
+    try:
+        seen = sorted(b.name for b in client.list_buckets())
+    except S3Error as e:
+        seen = [f"refused: {e.code}"]
+    # MinIO lists a user the buckets it may list (cmd/bucket-handlers.go ListBucketsHandler).
+    assert seen == [cluster.storage.bucket], f"the trials' keys see buckets {seen}"
+    admin = MinioAdmin(
+        endpoint=s3.endpoint(cluster), credentials=StaticProvider(key, secret), region=region, secure=False
+    )
+    try:
+        admin.policy_list()
+        code = "allowed"
+    except MinioAdminException as e:
+        code = minio_iam.error_code(e)
+    assert code == "AccessDenied", (
+        f"the trials' keys may use MinIO's admin API (list-canned-policies: {code})"
+    )
+
+
+def test_console_listens_as_configured(storage, host_of, cluster):
+    """storage.console: localhost (127.0.0.1 only), all, or disabled (nothing listening)."""
+    port = cluster.storage.console_port
+    lines = host_of(storage).check_output(f"ss -Htln 'sport = :{port}'").splitlines()
+    local = sorted({line.split()[3].rsplit(":", 1)[0] for line in lines if len(line.split()) >= 4})
+    mode = cluster.storage.console
+    if mode == "disabled":
+        assert not local, f"something listens on the console port {port}: {local}"
+    elif mode == "localhost":
+        assert local, f"nothing listens on 127.0.0.1:{port} (MinIO's console)"
+        outside = [a for a in local if a not in ("127.0.0.1", "[::1]")]
+        assert not outside, f"MinIO's console listens on {outside}:{port}, not only on localhost"
+    else:
+        assert local, f"nothing listens on the console port {port}"
 
 
 def test_wrong_secret_refused(master_s3_env, cluster):

@@ -11,7 +11,9 @@ The real postinst only reloads systemd and asks deb-systemd-invoke to start (res
 upgrade) the unit, never failing the install. It does not enable the unit, and Debian's
 deb-systemd-invoke does not start a unit that is not enabled, so a deploy must enable and start
 the service itself. Unlike the real packages (static Go binaries), the stand-ins are Python
-and so depend on Debian's python3 packages; install them with apt, not bare dpkg -i.
+and so depend on Debian's python3 packages (and the master on openssh-client for ssh-keygen);
+install them with apt, not bare dpkg -i. The master's experiment part is a second module,
+/usr/share/determined/master/lab/lab_trials.py.
 """
 
 from __future__ import annotations
@@ -85,11 +87,14 @@ def build(ctx) -> list[Path]:
         "determined-master": {
             "files": {
                 "/usr/bin/determined-master": (_read("determined-master"), 0o755),
+                # The stand-in's experiment part, imported by the script above.
+                "/usr/share/determined/master/lab/lab_trials.py": (_read("lab_trials.py"), 0o644),
                 "/etc/determined/master.yaml": (_read("master.yaml"), 0o600),
                 "/lib/systemd/system/determined-master.service": (_read("determined-master.service"), 0o644),
                 "/lib/systemd/system/determined-master.socket": (_read("determined-master.socket"), 0o644),
             },
-            "depends": ("python3", "python3-yaml", "python3-psycopg2"),
+            # openssh-client: ssh-keygen makes the trials' key pairs (the real master uses Go's).
+            "depends": ("python3", "python3-yaml", "python3-psycopg2", "openssh-client"),
             "description": (
                 "Determined master (lab stand-in)\n"
                 "Stands in for the Determined 0.38.0 master in the test lab: the same paths,\n"

@@ -1,0 +1,50 @@
+"""Determined's MinIO user, made through MinIO's admin API from the controller.
+
+Called by roles/minio.py after the bucket. The user, its canned policy and the mapping are
+read back first (deploy/minio_iam.py read_state): nothing to do is a no-op in pyinfra's plan,
+and a user whose policy or secret was changed on the server is written again.
+
+From the controller, not the storage node: the admin API needs MinIO's root keys, which the
+controller has anyway, and minio-py's MinioAdmin encrypts the new user's secret with them
+(madmin's EncryptData) on the way; on the node it would take MinIO's `mc` (one more pinned
+binary) with the root keys in its config or argv. Nothing here prints a key.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, operation
+
+from deploy import minio_iam
+from deploy.cluster import Cluster
+
+
+def _ensure(state, host, cluster: Cluster) -> bool:
+    # (state, host): pyinfra calls this directly and takes the return value as success, so a
+    # one-line message replaces a traceback.
+    try:
+        done = minio_iam.ensure(cluster)
+    except minio_iam.IamError as e:
+        host.log_styled(str(e), fg="red", log_func=logger.error)
+        return False
+    for line in done:
+        host.log(line, logger.info)
+    return True
+
+
+@operation()
+def determined_user(cluster: Cluster):
+    """The user and its policy: a change only when MinIO differs from cluster.yaml.
+
+    Read again right before it runs (pyinfra re-runs this body then); on a first deploy
+    MinIO is not up while the plan is made, so the plan counts it as a change.
+    """
+    storage = cluster.storage
+    try:
+        problems = minio_iam.read_state(cluster).problems
+    except minio_iam.IamError as e:
+        problems = [str(e)]
+    if not problems:
+        host.noop(f"user {storage.determined_user} has policy {minio_iam.policy_name(storage)}")
+        return
+    yield FunctionCommand(_ensure, (cluster,), {})

@@ -1,0 +1,1378 @@
+# Lab stand-in: the experiment and trial part of the determined-master 0.38.0 stand-in
+"""Experiments, trials and their containers for the lab's Determined master stand-in.
+
+Packed beside the master (/usr/share/determined/master/lab/lab_trials.py) and imported by
+/usr/bin/determined-master. Sources below are paths in determined-ai/determined at v0.38.0.
+
+Reproduced:
+- POST /api/v1/experiments (master/internal/api_experiment.go CreateExperiment and
+  core_experiment.go parseCreateExperiment): the YAML config is sanity-checked against the
+  expconf JSON schemas (schemas/expconf/v0/*.json: additionalProperties false, the union of
+  checkpoint_storage and searcher whose selected variant reports its own errors), errors
+  rendered as master/pkg/schemas/util.go GetRenderedErrors does ("<config>.path: message",
+  sorted, one per line) and wrapped "invalid experiment configuration: version 0 experiment
+  config is invalid: config is invalid: ..."; resources resolved (spec_util.go
+  ResolveResources: an unknown pool, "slots requested exceeds cluster capacity" under the
+  default launch_error: true, is_single_node's "request unfulfillable"); "managed experiments
+  require entrypoint"; task_container_defaults merged into the config
+  (master/pkg/model/task_container_defaults.go MergeIntoExpConfig: devices appended unless
+  the experiment has the container path, image per device type, environment variables
+  defaults first then the experiment's, so the experiment's win), then master.yaml's
+  checkpoint_storage (schemas.Merge; CheckpointStorageConfigV0.Merge is a union merge: the
+  master's fields fill the experiment's only when both name the same type), then the
+  completeness check ("config is invalid or incomplete": searcher.metric, ...). The plain Go
+  errors answer 500 {"code": 13, "reason": "Internal"} (grpcutil/errors.go maps Unknown to
+  Internal), the wrapped InvalidArgument ones 400.
+- Scheduling (master/internal/rm/agentrm/fitting.go findFits with the default best-fit
+  policy, fitting_methods.go): one agent with enough free slots (the fullest that fits, ties
+  broken by md5 hash distance, then agent id); otherwise as few whole agents as possible of
+  one size (slots a multiple of that size); disabled or draining agents offer no slots.
+  Multi-agent trials run with host networking (rm/agentrm/resources.go UseHostMode =
+  IsMultiAgent), single-container ones with task_container_defaults.network_mode (bridge).
+- Trial containers (master/pkg/tasks/task_trial.go ToTaskSpec, task.go EnvVars/ToDockerSpec):
+  the DET_* variables, then the environment variables, working directory
+  /run/determined/workdir holding the model definition, an SSH key pair per experiment
+  (master/internal/experiment.go ssh.GenerateKey: ED25519 by default, config.go
+  security.ssh.key_type) written to /run/determined/ssh/{id_rsa,id_rsa.pub,authorized_keys},
+  description "exp-<e>-trial-<t>-attempt-<n>", devices, shm_size, capabilities, bind mounts.
+- States: trials QUEUED -> PULLING -> STARTING -> RUNNING (api_trials.go converts ACTIVE by
+  the allocation's state) -> COMPLETED, or ERROR once max_restarts restarts are spent (a
+  failed container gets the others killed); experiments ACTIVE -> COMPLETED / ERROR /
+  CANCELED (kill); archive refused with FailedPrecondition "Experiment is not in terminal
+  state." (experiment/bulk_action.go ArchiveExperiments).
+- GET /api/v1/experiments/{id}, /experiments/{id}/trials, /trials/{id},
+  /trials/{id}/logs (newline-delimited {"result": ...} as grpc-gateway streams; follow=true
+  streams until the trial ends), POST /experiments/{id}/kill and /archive, DELETE
+  /experiments/{id} (terminal experiments only).
+Lab differences:
+- experiments live in the master's memory (the real master keeps them in PostgreSQL): a
+  master restart forgets them;
+- the agents fetch work by long-polling GET /agents/work?id=<agent>&wait=<s> (the real master
+  pushes StartContainer/KillContainer over the agent's websocket): {"start": [spec...], "kill":
+  [container id...]}, each re-sent every RESEND seconds until the agent reports on that
+  container (an answer can die with an agent process); they report container states and
+  output with POST /agents/containers ({"container_id", "state": PULLING|STARTING|RUNNING|
+  TERMINATED, "exit_code", "error"}; 404 for a container the master does not know: the agent
+  kills it) and POST /agents/logs ({"logs": [{"container_id", "stdtype", "message", "time"}]});
+- an agent that sets up with reconnect=false is a new process: the containers its previous
+  process had taken on count as lost (the real agent kills what it cannot reattach);
+- there is no harness in the task images: the entrypoint runs as `sh -c <entrypoint>` (a list
+  entrypoint as its argv) in the working directory instead of through
+  /run/determined/train/entrypoint.sh and determined.exec.launch, and the master writes
+  /run/determined/info/{cluster,trial,rendezvous,resources}.json itself (the real harness's
+  prep_container writes them from the environment and the rendezvous API); container_addrs are
+  the agents' addresses as the master sees them, as rendezvous.go does with host networking;
+- DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner;
+- only the single searcher (hyperparameters constant) runs; others are refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+import random
+import re
+import secrets
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+GRPC_CODES = {
+    2: "Unknown",
+    3: "InvalidArgument",
+    5: "NotFound",
+    7: "PermissionDenied",
+    9: "FailedPrecondition",
+    13: "Internal",
+    16: "Unauthenticated",
+}
+GRPC_HTTP = {2: 500, 3: 400, 5: 404, 7: 403, 9: 400, 13: 500, 16: 401}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --------------------------------------------------------------------------- expconf schema
+
+# Properties of schemas/expconf/v0/*.json at v0.38.0 (every one has additionalProperties: false).
+EXPERIMENT_KEYS = frozenset(
+    [
+        "bind_mounts",
+        "checkpoint_policy",
+        "checkpoint_storage",
+        "data",
+        "data_layer",
+        "debug",
+        "description",
+        "entrypoint",
+        "environment",
+        "hyperparameters",
+        "integrations",
+        "internal",
+        "labels",
+        "log_policies",
+        "max_restarts",
+        "min_checkpoint_period",
+        "min_validation_period",
+        "name",
+        "optimizations",
+        "pbs",
+        "perform_initial_validation",
+        "preemption_timeout",
+        "profiling",
+        "project",
+        "records_per_epoch",
+        "reproducibility",
+        "resources",
+        "retention_policy",
+        "scheduling_unit",
+        "searcher",
+        "security",
+        "slurm",
+        "tensorboard_storage",
+        "workspace",
+    ]
+)
+RESOURCES_KEYS = frozenset(
+    [
+        "agent_label",
+        "devices",
+        "is_single_node",
+        "max_slots",
+        "native_parallel",
+        "priority",
+        "resource_pool",
+        "shm_size",
+        "slots",
+        "slots_per_trial",
+        "weight",
+    ]
+)
+ENVIRONMENT_KEYS = frozenset(
+    [
+        "add_capabilities",
+        "drop_capabilities",
+        "environment_variables",
+        "force_pull_image",
+        "image",
+        "pod_spec",
+        "ports",
+        "proxy_ports",
+        "registry_auth",
+    ]
+)
+DEVICE_KEYS = frozenset(("host_path", "container_path", "mode"))
+BIND_MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only", "propagation"))
+# checkpoint-storage.json: the union of every variant's properties, then the variant's own.
+STORAGE_SAVE = ("save_experiment_best", "save_trial_best", "save_trial_latest")
+STORAGE_VARIANTS = {
+    "shared_fs": frozenset(
+        ("type", "host_path", "container_path", "checkpoint_path", "tensorboard_path", "storage_path")
+        + ("propagation",)
+        + STORAGE_SAVE
+    ),
+    "s3": frozenset(("type", "bucket", "access_key", "secret_key", "endpoint_url", "prefix") + STORAGE_SAVE),
+    "gcs": frozenset(("type", "bucket", "prefix") + STORAGE_SAVE),
+    "azure": frozenset(
+        ("type", "container", "connection_string", "account_url", "credential") + STORAGE_SAVE
+    ),
+    "directory": frozenset(("type", "container_path") + STORAGE_SAVE),
+}
+STORAGE_KEYS = frozenset().union(*STORAGE_VARIANTS.values(), {"user"})
+STORAGE_REQUIRED = {"shared_fs": "host_path", "s3": "bucket", "gcs": "bucket", "azure": "container"}
+STORAGE_REQUIRED["directory"] = "container_path"
+SEARCHER_KEYS = frozenset(
+    [
+        "bracket_rungs",
+        "budget",
+        "divisor",
+        "max_concurrent_trials",
+        "max_length",
+        "max_rungs",
+        "max_time",
+        "max_trials",
+        "metric",
+        "mode",
+        "name",
+        "num_rungs",
+        "smaller_is_better",
+        "source_checkpoint_uuid",
+        "source_trial_id",
+        "stop_once",
+        "time_metric",
+        "train_stragglers",
+        "unit",
+    ]
+)
+SEARCHER_SINGLE_KEYS = frozenset(
+    ("name", "metric", "smaller_is_better", "max_length", "source_trial_id", "source_checkpoint_uuid")
+)
+SEARCHER_NAMES = ("single", "random", "grid", "adaptive_asha", "async_halving")
+EOL_SEARCHERS = ("custom", "adaptive", "adaptive_simple", "sync_halving")
+# TaskTypeTrial's name generator (master/pkg/schemas/expconf Name.WithDefaults: petname).
+PETNAME_WORDS = (
+    ("adapted", "proud", "quick", "calm", "brave", "keen"),
+    ("mallard", "otter", "falcon", "lynx", "heron", "marten"),
+)
+
+
+class ExpConfigError(Exception):
+    """An experiment config refused; code is the gRPC code the real master answers with."""
+
+    def __init__(self, message: str, code: int = 13):
+        super().__init__(message)
+        self.code = code
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _extra(path: str, value, allowed) -> list[str]:
+    """additionalProperties: false, as santhosh-tekuri/jsonschema words it."""
+    if not isinstance(value, dict):
+        return []
+    return [f'<config>{path}: additionalProperties "{k}" not allowed' for k in value if k not in allowed]
+
+
+def _typed(path: str, value, kinds: tuple[str, ...]) -> list[str]:
+    if value is None or _kind(value) in kinds or (_kind(value) == "integer" and "number" in kinds):
+        return []
+    return [f"<config>{path}: expected {' or '.join(kinds)}, but got {_kind(value)}"]
+
+
+def sanity_errors(config) -> list[str]:
+    """The sanity validator's leaf errors for the parts the lab uses (sorted, as rendered)."""
+    if not isinstance(config, dict):
+        return [f"<config>: expected object, but got {_kind(config)}"]
+    errors = _extra("", config, EXPERIMENT_KEYS)
+    resources = config.get("resources")
+    errors += _typed(".resources", resources, ("object",))
+    if isinstance(resources, dict):
+        errors += _extra(".resources", resources, RESOURCES_KEYS)
+        for key in ("slots_per_trial", "max_slots", "priority", "shm_size"):
+            errors += _typed(f".resources.{key}", resources.get(key), ("integer",))
+        if isinstance(resources.get("slots_per_trial"), int) and resources["slots_per_trial"] < 0:
+            errors.append("<config>.resources.slots_per_trial: must be >= 0 but found -1")
+        errors += _typed(".resources.resource_pool", resources.get("resource_pool"), ("string",))
+        for i, dev in enumerate(resources.get("devices") or []):
+            errors += _extra(f".resources.devices[{i}]", dev, DEVICE_KEYS)
+    env = config.get("environment")
+    errors += _typed(".environment", env, ("object",))
+    if isinstance(env, dict):
+        errors += _extra(".environment", env, ENVIRONMENT_KEYS)
+    for i, mount in enumerate(config.get("bind_mounts") or []):
+        errors += _extra(f".bind_mounts[{i}]", mount, BIND_MOUNT_KEYS)
+    errors += _typed(".max_restarts", config.get("max_restarts"), ("integer",))
+    errors += _typed(".entrypoint", config.get("entrypoint"), ("string", "array"))
+    storage = config.get("checkpoint_storage")
+    if isinstance(storage, dict):
+        # checkpoint-storage.json refuses a key no variant has; its union's selected variant
+        # (unionKey const:type=...) refuses the keys it lacks: an unknown key is reported twice.
+        errors += _extra(".checkpoint_storage", storage, STORAGE_KEYS)
+        variant = STORAGE_VARIANTS.get(storage.get("type"))
+        if variant is not None:
+            errors += _extra(".checkpoint_storage", storage, variant)
+        elif storage.get("type") is not None:
+            errors.append(
+                '<config>.checkpoint_storage: is not an object where object["type"] is one of '
+                "'shared_fs', 'directory', 's3', 'gcs', or 'azure'"
+            )
+    searcher = config.get("searcher")
+    if isinstance(searcher, dict):
+        errors += _extra(".searcher", searcher, SEARCHER_KEYS)
+        if searcher.get("name") == "single":
+            errors += _extra(".searcher", searcher, SEARCHER_SINGLE_KEYS)
+        elif searcher.get("name") not in SEARCHER_NAMES + EOL_SEARCHERS:
+            errors.append(
+                "<config>.searcher: is not an object where object[\"name\"] is one of 'single', "
+                "'random', 'grid', 'custom', or 'adaptive_asha'"
+            )
+    return sorted(errors)
+
+
+def completeness_errors(config: dict) -> list[str]:
+    """eventuallyRequired after the merges (eventually_required.go: "<prop> is a required
+    property"); the searcher's and checkpoint storage's unions report it again."""
+    errors = []
+    for key in ("checkpoint_storage", "searcher"):
+        if config.get(key) is None:
+            errors.append(f"<config>: {key} is a required property")
+    searcher = config.get("searcher") or {}
+    for key in ("name", "metric"):
+        if searcher and searcher.get(key) is None:
+            errors.append(f"<config>.searcher: {key} is a required property")
+            if key == "metric" and searcher.get("name") == "single":
+                errors.append("<config>.searcher: metric is a required property")
+    storage = config.get("checkpoint_storage") or {}
+    needed = STORAGE_REQUIRED.get(storage.get("type"))
+    if storage and storage.get("type") is None:
+        errors.append("<config>.checkpoint_storage: type is a required property")
+    if needed and storage.get(needed) is None:
+        errors.append(f"<config>.checkpoint_storage: {needed} is a required property")
+    image = (config.get("environment") or {}).get("image") or {}
+    if not image:
+        errors.append("<config>.environment: image is a required property")
+    return sorted(errors)
+
+
+def parse_config(text: str) -> dict:
+    """expconf.ParseAnyExperimentConfigYAML plus the resources.slots refusal."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ExpConfigError(
+            f"invalid experiment configuration: unable to convert yaml to json: not valid yaml: {e}"
+        ) from None
+    if config is None:
+        config = {}
+    version = config.get("version", 0) if isinstance(config, dict) else 0
+    if version != 0:
+        raise ExpConfigError(f"invalid experiment configuration: invalid version: {version}")
+    errors = sanity_errors(config)
+    if errors:
+        raise ExpConfigError(
+            "invalid experiment configuration: version 0 experiment config is invalid: "
+            "config is invalid: " + "\n".join(errors)
+        )
+    if (config.get("resources") or {}).get("slots") is not None:
+        raise ExpConfigError('<config>.resources: additionalProperties "slots" not allowed')
+    return config
+
+
+def _env_list(value) -> dict[str, list[str]]:
+    """EnvironmentVariablesMapV0: a list applies to every device type."""
+    if value is None:
+        return {"cpu": [], "cuda": [], "rocm": []}
+    if isinstance(value, list):
+        return {k: [str(v) for v in value] for k in ("cpu", "cuda", "rocm")}
+    return {
+        k: [str(v) for v in (value.get(k) or value.get("gpu" if k == "cuda" else k) or [])]
+        for k in ("cpu", "cuda", "rocm")
+    }
+
+
+def _image_map(value) -> dict[str, str | None]:
+    """EnvironmentImageMapV0: a string applies to every device type; "gpu" is cuda's old name."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"cpu": value, "cuda": value, "rocm": value}
+    out = {k: value.get(k) for k in ("cpu", "cuda", "rocm") if value.get(k) is not None}
+    if "cuda" not in out and value.get("gpu") is not None:
+        out["cuda"] = value["gpu"]
+    return out
+
+
+def _merge_by_container_path(mine: list, defaults: list) -> list:
+    """DevicesConfigV0.Merge / BindMountsConfigV0.Merge: append the defaults whose
+    container_path the experiment does not already use."""
+    paths = {item.get("container_path") for item in mine}
+    return list(mine) + [dict(item) for item in defaults if item.get("container_path") not in paths]
+
+
+def _tcd_devices(devices) -> list[dict]:
+    """model.DevicesConfig: "host:container[:mode]" strings or objects."""
+    out = []
+    for dev in devices or []:
+        if isinstance(dev, str):
+            parts = dev.split(":")
+            out.append(
+                {"host_path": parts[0], "container_path": parts[1] if len(parts) > 1 else parts[0]}
+                | ({"mode": parts[2]} if len(parts) > 2 else {})
+            )
+        else:
+            out.append(dict(dev))
+    return out
+
+
+def merge_config(config: dict, tcd: dict, storage: dict | None) -> dict:
+    """MergeIntoExpConfig(task_container_defaults), then master.yaml's checkpoint_storage,
+    then the schema defaults the lab's trials read."""
+    out = copy.deepcopy(config)
+    tcd = tcd or {}
+    res = dict(out.get("resources") or {})
+    res["devices"] = _merge_by_container_path(
+        [dict(d) for d in res.get("devices") or []], _tcd_devices(tcd.get("devices"))
+    )
+    env = dict(out.get("environment") or {})
+    image = {**_image_map(tcd.get("image")), **_image_map(env.get("image"))}
+    env["image"] = image
+    mine, defaults = _env_list(env.get("environment_variables")), _env_list(tcd.get("environment_variables"))
+    env["environment_variables"] = {k: defaults[k] + mine[k] for k in ("cpu", "cuda", "rocm")}
+    for key in ("add_capabilities", "drop_capabilities"):
+        if env.get(key) is None:
+            env[key] = list(tcd.get(key) or [])
+    if env.get("force_pull_image") is None:
+        env["force_pull_image"] = bool(tcd.get("force_pull_image", False))
+    if env.get("registry_auth") is None:
+        env["registry_auth"] = tcd.get("registry_auth")
+    env.setdefault("ports", {})
+    env.setdefault("proxy_ports", [])
+    env.setdefault("pod_spec", None)
+    out["environment"] = env
+    out["bind_mounts"] = _merge_by_container_path(
+        [dict(m) for m in out.get("bind_mounts") or []], [dict(m) for m in tcd.get("bind_mounts") or []]
+    )
+    if storage:
+        mine_cs = out.get("checkpoint_storage")
+        if mine_cs is None:
+            out["checkpoint_storage"] = copy.deepcopy(storage)
+        elif mine_cs.get("type") == storage.get("type") or mine_cs.get("type") is None:
+            out["checkpoint_storage"] = {**storage, **{k: v for k, v in mine_cs.items() if v is not None}}
+    # json-schema defaults (schemas/expconf/v0/*.json) of what the lab reads.
+    res.setdefault("slots_per_trial", 1)
+    res.setdefault("resource_pool", "")
+    res.setdefault("is_single_node", None)
+    res.setdefault("shm_size", None)
+    res.setdefault("max_slots", None)
+    res.setdefault("weight", 1)
+    res.setdefault("native_parallel", False)
+    res.setdefault("agent_label", None)
+    out["resources"] = res
+    out.setdefault("max_restarts", 5)
+    out.setdefault("hyperparameters", {})
+    out.setdefault("labels", [])
+    out.setdefault("data", {})
+    out.setdefault("debug", False)
+    repro = dict(out.get("reproducibility") or {})
+    if repro.get("experiment_seed") is None:
+        repro["experiment_seed"] = int(time.time()) & 0xFFFFFFFF  # ReproducibilityConfig default
+    out["reproducibility"] = repro
+    if out.get("name") is None:
+        out["name"] = f"Experiment ({random.choice(PETNAME_WORDS[0])}-{random.choice(PETNAME_WORDS[1])})"
+    cs = out.get("checkpoint_storage")
+    if isinstance(cs, dict):
+        for key, default in zip(STORAGE_SAVE, (0, 1, 1), strict=True):
+            cs.setdefault(key, default)
+    searcher = out.get("searcher")
+    if isinstance(searcher, dict):
+        searcher.setdefault("smaller_is_better", True)
+        searcher.setdefault("source_trial_id", None)
+        searcher.setdefault("source_checkpoint_uuid", None)
+    return out
+
+
+def hparams_of(space, path: str = "") -> dict:
+    """The single searcher's trial hyperparameters: each value, or a const's val."""
+    out = {}
+    for name, value in (space or {}).items():
+        if isinstance(value, dict) and "type" in value:
+            if value["type"] == "const":
+                out[name] = value.get("val")
+            elif value["type"] == "object":
+                out[name] = hparams_of(value.get("vals") or {}, f"{path}{name}.")
+            else:
+                raise ExpConfigError(
+                    f"lab stand-in: hyperparameter {path}{name} of type {value['type']} needs a "
+                    "search, which is not reproduced (use constants with the single searcher)",
+                    3,
+                )
+        elif isinstance(value, dict):
+            out[name] = hparams_of(value, f"{path}{name}.")
+        else:
+            out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def _md5_u64(text: str) -> int:
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[:8], "little")
+
+
+def hash_distance(allocation_id: str, agent_id: str) -> int:
+    return (_md5_u64(allocation_id) - _md5_u64(agent_id)) % (1 << 64)
+
+
+def find_fits(
+    slots: int, agents: list[dict], allocation_id: str, single_agent: bool = False
+) -> list[tuple[str, int]]:
+    """fitting.go findFits with BestFit. agents: [{"id", "slots", "used", "usable"}] where
+    usable is False for a disabled or draining agent. Returns [(agent id, slots)] or []."""
+
+    def empty(a: dict) -> int:
+        return a["slots"] - a["used"] if a["usable"] else 0
+
+    def best_fit(a: dict) -> float:
+        return 1.0 / (1.0 + empty(a))
+
+    def order(a: dict):
+        return (-best_fit(a), hash_distance(allocation_id, a["id"]), a["id"])
+
+    # findSharedAgentFit: slotsSatisfied (zero-slot tasks: any usable agent).
+    shared = [a for a in agents if slots <= empty(a) and (slots > 0 or a["usable"])]
+    if shared:
+        return [(min(shared, key=order)["id"], slots)]
+    if single_agent or slots <= 1:
+        return []
+    # findDedicatedAgentFits: agents with no slot in use, grouped by size, largest first.
+    groups: dict[int, list[dict]] = {}
+    for a in agents:
+        if a["used"] == 0 and empty(a) > 0:
+            groups.setdefault(empty(a), []).append(a)
+    for size in sorted(groups, reverse=True):
+        group = groups[size]
+        if len(group) * size < slots or slots % size != 0:
+            continue
+        chosen = sorted(group, key=order)[: slots // size]
+        return [(a["id"], size) for a in chosen]
+    return []
+
+
+# --------------------------------------------------------------------------- state
+
+
+def timestamp(t: float) -> str:
+    import datetime as dt
+
+    d = dt.datetime.fromtimestamp(t, dt.UTC)
+    frac = d.strftime("%f")
+    frac = "" if frac == "000000" else "." + (frac[:3] if frac.endswith("000") else frac)
+    return d.strftime("%Y-%m-%dT%H:%M:%S") + frac + "Z"
+
+
+TERMINAL = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR")
+RESEND = 10.0  # seconds before an unacknowledged start or kill goes to the agent again
+WORKDIR = "/run/determined/workdir"
+
+
+def ssh_key_pair() -> tuple[bytes, bytes]:
+    """ssh.GenerateKey with the default security.ssh.key_type ED25519, through ssh-keygen."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "id")
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "determined", "-f", path],
+            check=True,
+            capture_output=True,
+        )
+        with open(path, "rb") as f:
+            private = f.read()
+        with open(path + ".pub", "rb") as f:
+            public = f.read()
+    return private, public
+
+
+class Trials:
+    """Experiments, trials, their containers and logs; the agents' work queues."""
+
+    def __init__(self, master):
+        self.master = master
+        self.lock = threading.Condition()
+        self.experiments: dict[int, dict] = {}
+        self.trials: dict[int, dict] = {}
+        self.next_exp = 1
+        self.next_trial = 1
+        self.next_log = 1
+
+    # -- helpers
+    def pools(self) -> dict:
+        return {p.get("pool_name"): p for p in self.master.conf["resource_pools"]}
+
+    def default_pool(self) -> str:
+        rm = self.master.conf.get("resource_manager") or {}
+        return rm.get("default_compute_resource_pool") or rm.get("default_gpu_resource_pool") or "default"
+
+    def agent_view(self, pool: str) -> list[dict]:
+        """The pool's agents with their slots in use (callers hold self.lock)."""
+        used: dict[str, int] = {}
+        for trial in self.trials.values():
+            for c in trial["containers"].values():
+                if c["state"] != "TERMINATED":
+                    used[c["agent"]] = used.get(c["agent"], 0) + len(c["devices"])
+        with self.master.agents.lock:
+            agents = [a for a in self.master.agents.items.values() if a["resource_pool"] == pool]
+            return [
+                {
+                    "id": a["id"],
+                    "slots": len(a["devices"]),
+                    "used": used.get(a["id"], 0),
+                    "usable": a["enabled"] and not a["draining"] and a["awaiting"] is None,
+                    "devices": list(a["devices"]),
+                    "address": a["address"],
+                }
+                for a in agents
+            ]
+
+    def task_container_defaults(self, pool: str) -> dict:
+        """rm.TaskContainerDefaults: the pool's own when it sets them, else the master's."""
+        p = self.pools().get(pool) or {}
+        return p.get("task_container_defaults") or self.master.conf.get("task_container_defaults") or {}
+
+    def agent_restarted(self, agent_id: str) -> None:
+        """The containers the agent's previous process took on ended with it; the ones it never
+        acknowledged (still ASSIGNED) go to the new process at once."""
+        with self.lock:
+            for trial in self.trials.values():
+                for cid, c in trial["containers"].items():
+                    if c["agent"] != agent_id or c["state"] == "TERMINATED":
+                        continue
+                    if c["state"] == "ASSIGNED":
+                        c["sent"] = 0.0
+                    else:
+                        c["state"] = "TERMINATED"
+                        c["error"] = f"agent {agent_id} restarted: container {cid} lost"
+                        self.add_log(trial, c["error"], level="LOG_LEVEL_ERROR", agent_id=agent_id)
+            self.lock.notify_all()
+
+    def agent_containers(self, agent_id: str) -> dict:
+        """The agent's trial containers as containerv1.Container, by id (agentv1.Agent.containers;
+        each slot's "container" is the one holding it)."""
+        out = {}
+        with self.lock:
+            for trial in self.trials.values():
+                for cid, c in trial["containers"].items():
+                    if c["agent"] == agent_id and c["state"] != "TERMINATED":
+                        out[cid] = {
+                            "parent": "",
+                            "id": cid,
+                            "state": f"STATE_{c['state']}",
+                            "devices": [
+                                {
+                                    "id": d["id"],
+                                    "brand": d.get("brand", ""),
+                                    "uuid": d.get("uuid", ""),
+                                    "type": "TYPE_CUDA" if d.get("type") == "cuda" else "TYPE_CPU",
+                                }
+                                for d in c["devices"]
+                            ],
+                            "permissionDenied": False,
+                        }
+        return out
+
+    def add_log(self, trial: dict, message: str, **fields) -> None:
+        entry = {
+            "id": self.next_log,
+            "trialId": trial["id"],
+            "message": message,
+            "agentId": fields.get("agent_id"),
+            "containerId": fields.get("container_id"),
+            "rankId": fields.get("rank"),
+            "timestamp": timestamp(fields.get("t") or time.time()),
+            "level": fields.get("level", "LOG_LEVEL_INFO"),
+            "stdtype": fields.get("stdtype"),
+            "source": fields.get("source", "master"),
+        }
+        self.next_log += 1
+        trial["logs"].append(entry)
+        self.lock.notify_all()
+
+    # -- experiments
+    def create(self, body: dict, user: dict) -> dict:
+        text = body.get("config")
+        if not isinstance(text, str):
+            raise ApiError(3, "invalid experiment configuration: config must be a YAML string")
+        try:
+            config = parse_config(text)
+            pool = (config.get("resources") or {}).get("resource_pool") or self.default_pool()
+            slots = (config.get("resources") or {}).get("slots_per_trial", 1)
+            single = bool((config.get("resources") or {}).get("is_single_node"))
+            warnings = self.resolve_resources(pool, slots, single)
+            if config.get("entrypoint") is None:
+                raise ExpConfigError("managed experiments require entrypoint")
+            merged = merge_config(
+                config, self.task_container_defaults(pool), self.master.conf.get("checkpoint_storage")
+            )
+            merged["resources"]["resource_pool"] = pool
+            errors = completeness_errors(merged)
+            if errors:
+                raise ExpConfigError(
+                    "invalid experiment configuration: config is invalid or incomplete: " + "\n".join(errors)
+                )
+            name = merged["searcher"].get("name")
+            if name in EOL_SEARCHERS:
+                raise ExpConfigError(
+                    f"invalid experiment configuration: the {name} searcher has been removed"
+                )
+            if name != "single":
+                raise ExpConfigError(f"lab stand-in: the {name} searcher is not reproduced", 3)
+            hparams = hparams_of(merged.get("hyperparameters"))
+        except ExpConfigError as e:
+            raise ApiError(e.code, str(e)) from None
+        files = []
+        for item in body.get("modelDefinition") or []:
+            # utilv1.File: type is the tar type byte (the CLI sends ord(tarfile.REGTYPE) == 48,
+            # ord(DIRTYPE) == 53: harness/determined/common/v1file_utils.py), mode the st_mode.
+            try:
+                content = base64.b64decode(item.get("content") or "")
+                mode = int(item.get("mode") or 0o644) & 0o7777
+            except (ValueError, TypeError):
+                raise ApiError(3, f"invalid model definition file {item.get('path')!r}") from None
+            kind = item.get("type", 48)
+            files.append(
+                {
+                    "path": str(item.get("path") or ""),
+                    "dir": kind in (53, "53", "5", "FILE_TYPE_DIRECTORY"),
+                    "content": content,
+                    "mode": mode or 0o644,
+                }
+            )
+        try:
+            private, public = ssh_key_pair()
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise ApiError(13, f"failed to create experiment: generating ssh keys for trials: {e}") from None
+        token = self.master.session_for(user["id"])
+        now = time.time()
+        with self.lock:
+            exp_id = self.next_exp
+            self.next_exp += 1
+            exp = {
+                "id": exp_id,
+                "config": merged,
+                "original": text,
+                "files": files,
+                "state": "STATE_ACTIVE" if body.get("activate") else "STATE_PAUSED",
+                "archived": False,
+                "start": now,
+                "end": None,
+                "user": user,
+                "keys": (private, public),
+                "token": token,
+                "trials": [],
+                "warnings": warnings,
+            }
+            self.experiments[exp_id] = exp
+            trial_id = self.next_trial
+            self.next_trial += 1
+            task_id = f"{exp_id}.{uuid.uuid4()}"
+            self.trials[trial_id] = {
+                "id": trial_id,
+                "exp": exp_id,
+                "state": "STATE_ACTIVE",
+                "alloc_state": "QUEUED",
+                "restarts": 0,
+                "run_id": 0,
+                "hparams": hparams,
+                "seed": random.getrandbits(31),
+                "task_id": task_id,
+                "allocation_id": "",
+                "containers": {},
+                "logs": [],
+                "start": now,
+                "end": None,
+                "killed": False,
+            }
+            exp["trials"].append(trial_id)
+            self.lock.notify_all()
+        return {
+            "experiment": self.exp_proto(exp),
+            "config": printable_config(merged),
+            "warnings": warnings,
+        }
+
+    def resolve_resources(self, pool: str, slots: int, single: bool) -> list[str]:
+        """spec_util.go ResolveResources with agentrm ResolveResourcePool / ValidateResources."""
+        if pool not in self.pools():
+            raise ExpConfigError(
+                f"invalid resource configuration: resource pool {pool} does not exist or is not "
+                "available to workspace id 1",
+                3,
+            )
+        if slots == 0:
+            return []
+        with self.lock:
+            agents = self.agent_view(pool)
+        if single:
+            if max((a["slots"] for a in agents), default=0) < slots:
+                raise ExpConfigError(
+                    "invalid resource configuration: validating resources: request unfulfillable, "
+                    "please try requesting less slots"
+                )
+            return []
+        if sum(a["slots"] for a in agents) < slots:
+            if self.master.conf.get("launch_error", True):
+                raise ExpConfigError(
+                    "invalid resource configuration: slots requested exceeds cluster capacity"
+                )
+            return ["LAUNCH_WARNING_CURRENT_SLOTS_EXCEEDED"]
+        return []
+
+    def exp_proto(self, exp: dict) -> dict:
+        trials = [self.trials[t] for t in exp["trials"]]
+        return {
+            "id": exp["id"],
+            "name": exp["config"].get("name"),
+            "description": exp["config"].get("description") or "",
+            "labels": exp["config"].get("labels") or [],
+            "startTime": timestamp(exp["start"]),
+            "endTime": timestamp(exp["end"]) if exp["end"] else None,
+            "state": exp["state"],
+            "archived": exp["archived"],
+            "numTrials": len(trials),
+            "trialIds": [t["id"] for t in trials],
+            "username": exp["user"]["username"],
+            "userId": exp["user"]["id"],
+            "resourcePool": exp["config"]["resources"]["resource_pool"],
+            "searcherType": exp["config"]["searcher"].get("name"),
+            "projectId": 1,
+            "workspaceId": 1,
+            "config": printable_config(exp["config"]),
+            "originalConfig": exp["original"],
+            "progress": 1.0 if exp["state"] == "STATE_COMPLETED" else 0.0,
+        }
+
+    def trial_proto(self, trial: dict) -> dict:
+        state = trial["state"]
+        if state == "STATE_ACTIVE":
+            state = "STATE_" + trial["alloc_state"]
+        return {
+            "id": trial["id"],
+            "experimentId": trial["exp"],
+            "startTime": timestamp(trial["start"]),
+            "endTime": timestamp(trial["end"]) if trial["end"] else None,
+            "state": state,
+            "restarts": trial["restarts"],
+            "hparams": trial["hparams"],
+            "totalBatchesProcessed": 0,
+            "taskId": trial["task_id"],
+            "taskIds": [trial["task_id"]],
+        }
+
+    def get_exp(self, exp_id: int) -> dict:
+        exp = self.experiments.get(exp_id)
+        if exp is None:
+            raise ApiError(5, f"experiment '{exp_id}' not found")  # api/error.go NotFoundErrs
+        return exp
+
+    def get_trial(self, trial_id: int) -> dict:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            raise ApiError(5, f"trial '{trial_id}' not found")
+        return trial
+
+    def kill(self, exp_id: int) -> None:
+        with self.lock:
+            exp = self.get_exp(exp_id)
+            if exp["state"] in TERMINAL:
+                return
+            exp["state"] = "STATE_STOPPING_KILLED"
+            for tid in exp["trials"]:
+                trial = self.trials[tid]
+                trial["killed"] = True
+                self.kill_containers(trial)
+            self.lock.notify_all()
+
+    def archive(self, exp_id: int) -> None:
+        with self.lock:
+            exp = self.get_exp(exp_id)
+            if exp["archived"]:
+                raise ApiError(9, "Experiment is already archived.")
+            if exp["state"] not in TERMINAL:
+                raise ApiError(9, "Experiment is not in terminal state.")
+            exp["archived"] = True
+
+    def delete(self, exp_id: int) -> None:
+        with self.lock:
+            exp = self.get_exp(exp_id)
+            if exp["state"] not in TERMINAL:
+                # experiment/bulk_action.go DeleteExperiments (check.State is the proto enum)
+                raise ApiError(9, f"cannot delete experiment in {exp['state']} state")
+            for tid in exp["trials"]:
+                self.trials.pop(tid, None)
+            del self.experiments[exp_id]
+
+    # -- scheduling
+    def tick(self) -> None:
+        """Place queued trials; finish trials whose containers all ended; notice lost agents."""
+        with self.lock:
+            present = set()
+            with self.master.agents.lock:
+                present = {a for a, v in self.master.agents.items.items() if v["awaiting"] is None}
+            for trial in sorted(self.trials.values(), key=lambda t: t["id"]):
+                exp = self.experiments[trial["exp"]]
+                if trial["state"] != "STATE_ACTIVE":
+                    continue
+                for cid, c in trial["containers"].items():
+                    if c["state"] != "TERMINATED" and c["agent"] not in present:
+                        # The agent's connection ended: its containers are gone for the master.
+                        c["state"] = "TERMINATED"
+                        c["exit_code"] = None
+                        c["error"] = f"agent {c['agent']} was lost"
+                        self.add_log(
+                            trial, f"container {cid} lost with agent {c['agent']}", level="LOG_LEVEL_ERROR"
+                        )
+                if trial["containers"]:
+                    self.settle(trial, exp)
+                elif trial["killed"]:
+                    self.finish(trial, exp, "STATE_CANCELED")
+                elif exp["state"] == "STATE_ACTIVE":
+                    self.place(trial, exp)
+
+    def place(self, trial: dict, exp: dict) -> None:
+        config = exp["config"]
+        pool = config["resources"]["resource_pool"]
+        slots = config["resources"]["slots_per_trial"]
+        allocation_id = f"{trial['task_id']}.{trial['run_id'] + 1}"  # <task id>.<allocation number>
+        agents = self.agent_view(pool)
+        fits = find_fits(slots, agents, allocation_id, bool(config["resources"].get("is_single_node")))
+        if not fits:
+            return
+        by_id = {a["id"]: a for a in agents}
+        busy: dict[str, set] = {}
+        for t in self.trials.values():
+            for c in t["containers"].values():
+                if c["state"] != "TERMINATED":
+                    busy.setdefault(c["agent"], set()).update(d["id"] for d in c["devices"])
+        trial["run_id"] += 1
+        trial["allocation_id"] = allocation_id
+        trial["alloc_state"] = "QUEUED"
+        multi = len(fits) > 1
+        placed = []
+        for rank, (agent_id, n) in enumerate(fits):
+            free = [d for d in by_id[agent_id]["devices"] if d["id"] not in busy.get(agent_id, set())]
+            placed.append((rank, agent_id, free[:n]))
+        addrs = [by_id[a]["address"] for _, a, _ in placed]
+        counts = [len(devs) for _, _, devs in placed]
+        for rank, agent_id, devices in placed:
+            cid = str(uuid.uuid4())
+            trial["containers"][cid] = {
+                "agent": agent_id,
+                "rank": rank,
+                "devices": devices,
+                "state": "ASSIGNED",
+                "exit_code": None,
+                "error": None,
+                "spec": self.container_spec(trial, exp, cid, rank, devices, multi, addrs, counts),
+                "sent": 0.0,  # monotonic time the spec last went to the agent
+                "kill": False,
+                "kill_sent": 0.0,
+            }
+        self.add_log(
+            trial,
+            f"Scheduling Trial {trial['id']} (Experiment {exp['id']}) on {', '.join(a for _, a, _ in placed)}",
+        )
+        self.lock.notify_all()
+
+    def container_spec(self, trial, exp, cid, rank, devices, multi, addrs, counts) -> dict:
+        """TrialSpec.ToTaskSpec + TaskSpec.ToDockerSpec, as the agent receives it."""
+        config = exp["config"]
+        pool = config["resources"]["resource_pool"]
+        tcd = self.task_container_defaults(pool)
+        dtype = devices[0].get("type", "cpu") if devices else "cpu"
+        dtype = "cuda" if dtype in ("cuda", "gpu") else ("rocm" if dtype == "rocm" else "cpu")
+        env = config["environment"]
+        image = (env.get("image") or {}).get(dtype)
+        det_env = {
+            "PYTHONUSERBASE": "/run/determined/pythonuserbase",
+            "DET_TASK_ID": trial["task_id"],
+            "DET_ALLOCATION_ID": trial["allocation_id"],
+            "DET_RESOURCES_ID": cid,
+            "DET_CONTAINER_ID": cid,
+            "DET_SESSION_TOKEN": exp["token"],
+            "DET_USER_TOKEN": exp["token"],
+            "DET_WORKDIR": WORKDIR,
+            "DET_RUN_DIR": "/run/determined",
+            "DET_USER": exp["user"]["username"],
+            "DET_USE_TLS": "false",
+            "DET_SEGMENT_ENABLED": "false",
+            "DET_TASK_LOGGING_METADATA": json.dumps(
+                {"allocation_id": trial["allocation_id"], "task_id": trial["task_id"]}, separators=(",", ":")
+            ),
+            "DET_RESOURCES_TYPE": "docker-container",
+            "DET_EXPERIMENT_ID": str(exp["id"]),
+            "DET_TRIAL_ID": str(trial["id"]),
+            "DET_TRIAL_RUN_ID": str(trial["run_id"]),
+            "DET_TRIAL_SEED": str(trial["seed"]),
+            "DET_EXPERIMENT_CONFIG": json.dumps(config, separators=(",", ":")),
+            "DET_HPARAMS": json.dumps(trial["hparams"], separators=(",", ":")),
+            "DET_STEPS_COMPLETED": "0",
+            "DET_TASK_TYPE": "TRIAL",
+        }
+        if tcd.get("gloo_port_range"):
+            det_env["GLOO_PORT_RANGE"] = tcd["gloo_port_range"]
+        if tcd.get("dtrain_network_interface"):
+            det_env["DET_INTER_NODE_NETWORK_INTERFACE"] = tcd["dtrain_network_interface"]
+        env_list = [f"{k}={v}" for k, v in det_env.items()] + list(env["environment_variables"][dtype])
+        res = config["resources"]
+        shm = res.get("shm_size") or tcd.get("shm_size_bytes") or 4294967296
+        entry = config["entrypoint"]
+        cmd = list(entry) if isinstance(entry, list) else ["sh", "-c", entry]
+        private, public = exp["keys"]
+        files = [{"path": "/run/determined", "dir": True, "mode": 0o700}]
+        for d in ("/run/determined/info", "/run/determined/pythonuserbase", WORKDIR, "/run/determined/ssh"):
+            files.append({"path": d, "dir": True, "mode": 0o755 if d.endswith("info") else 0o700})
+        for f in exp["files"]:
+            path = os.path.normpath(os.path.join(WORKDIR, f["path"]))
+            if not path.startswith(WORKDIR + "/"):
+                continue
+            if f["dir"]:
+                files.append({"path": path, "dir": True, "mode": f["mode"] or 0o755})
+            else:
+                files.append(
+                    {"path": path, "content": base64.b64encode(f["content"]).decode(), "mode": f["mode"]}
+                )
+        info = {
+            "cluster.json": {
+                "master_url": None,  # the agent's DET_MASTER (agent/internal/containers/spec.go)
+                "cluster_id": self.master.cluster_id,
+                "slot_ids": [d["id"] for d in devices],
+                "task_id": trial["task_id"],
+                "allocation_id": trial["allocation_id"],
+                "session_token": exp["token"],
+                "task_type": "TRIAL",
+                "master_cert_name": None,
+                "master_cert_file": None,
+                "latest_checkpoint": None,
+            },
+            "trial.json": {
+                "trial_id": trial["id"],
+                "experiment_id": exp["id"],
+                "trial_seed": trial["seed"],
+                "hparams": trial["hparams"],
+                "config": config,
+                "steps_completed": 0,
+                "trial_run_id": trial["run_id"],
+                "debug": bool(config.get("debug")),
+                "inter_node_network_interface": tcd.get("dtrain_network_interface") or None,
+            },
+            "rendezvous.json": {
+                "container_addrs": addrs,
+                "container_rank": rank,
+                "container_slot_counts": counts,
+            },
+            "resources.json": {"gpu_uuids": [d.get("uuid") for d in devices if d.get("type") == "cuda"]},
+        }
+        for name, data in info.items():
+            content = json.dumps(data).encode()
+            files.append(
+                {
+                    "path": f"/run/determined/info/{name}",
+                    "content": base64.b64encode(content).decode(),
+                    "mode": 0o644,
+                }
+            )
+        for name, data, mode in (
+            ("id_rsa", private, 0o600),
+            ("id_rsa.pub", public, 0o644),
+            ("authorized_keys", public, 0o644),
+        ):
+            files.append(
+                {
+                    "path": f"/run/determined/ssh/{name}",
+                    "content": base64.b64encode(data).decode(),
+                    "mode": mode,
+                }
+            )
+        mounts = []
+        for m in config.get("bind_mounts") or []:
+            target = m["container_path"]
+            if not target.startswith("/"):
+                target = os.path.join(WORKDIR, target)
+            mounts.append(
+                {
+                    "Type": "bind",
+                    "Source": m["host_path"],
+                    "Target": target,
+                    "ReadOnly": bool(m.get("read_only")),
+                    "BindOptions": {"Propagation": m.get("propagation") or "rprivate"},
+                }
+            )
+        cs = config.get("checkpoint_storage") or {}
+        if cs.get("type") == "shared_fs":
+            mounts.append(
+                {
+                    "Type": "bind",
+                    "Source": cs["host_path"],
+                    "Target": "/determined_shared_fs",
+                    "BindOptions": {"Propagation": cs.get("propagation") or "rprivate"},
+                }
+            )
+        return {
+            "container_id": cid,
+            "trial_id": trial["id"],
+            "rank": rank,
+            "description": f"exp-{exp['id']}-trial-{trial['id']}-attempt-{trial['run_id']}",
+            "image": image,
+            "force_pull": bool(env.get("force_pull_image")),
+            "env": env_list,
+            "cmd": cmd,
+            "workdir": WORKDIR,
+            "network_mode": "host" if multi else (tcd.get("network_mode") or "bridge"),
+            "shm_size": shm,
+            "cap_add": list(env.get("add_capabilities") or []),
+            "cap_drop": list(env.get("drop_capabilities") or []),
+            "devices": [
+                {
+                    "PathOnHost": d["host_path"],
+                    "PathInContainer": d["container_path"],
+                    "CgroupPermissions": d.get("mode") or "mrw",
+                }
+                for d in res.get("devices") or []
+            ],
+            "mounts": mounts,
+            "slots": devices,
+            "files": files,
+        }
+
+    def kill_containers(self, trial: dict) -> None:
+        for c in trial["containers"].values():
+            if c["state"] == "ASSIGNED" and not c["sent"]:
+                c["state"] = "TERMINATED"  # never handed to the agent
+                c["error"] = "killed before start"
+            elif c["state"] != "TERMINATED":
+                c["kill"] = True
+        self.lock.notify_all()
+
+    def settle(self, trial: dict, exp: dict) -> None:
+        containers = trial["containers"].values()
+        failed = [c for c in containers if c["state"] == "TERMINATED" and (c["exit_code"] != 0 or c["error"])]
+        if failed and not trial.get("killing"):
+            # The allocation ends when one container fails: the others are killed.
+            trial["killing"] = True
+            self.kill_containers(trial)
+        if not all(c["state"] == "TERMINATED" for c in containers):
+            running = [c["state"] for c in containers]
+            for state in ("RUNNING", "STARTING", "PULLING"):
+                if state in running:
+                    trial["alloc_state"] = state
+                    break
+            return
+        trial["containers"] = {}
+        trial["killing"] = False
+        if trial["killed"]:
+            self.finish(trial, exp, "STATE_CANCELED")
+        elif not failed:
+            self.finish(trial, exp, "STATE_COMPLETED")
+        elif trial["restarts"] < exp["config"].get("max_restarts", 5):
+            trial["restarts"] += 1
+            trial["alloc_state"] = "QUEUED"
+            self.add_log(
+                trial, f"trial failed, restarting ({trial['restarts']}/{exp['config']['max_restarts']})"
+            )
+        else:
+            self.finish(trial, exp, "STATE_ERROR")
+
+    def finish(self, trial: dict, exp: dict, state: str) -> None:
+        trial["state"] = state
+        trial["end"] = time.time()
+        self.add_log(trial, f"trial {trial['id']} ended: {state}")
+        trials = [self.trials[t] for t in exp["trials"]]
+        if all(t["state"] in TERMINAL for t in trials):
+            if exp["state"] == "STATE_STOPPING_KILLED" or any(t["state"] == "STATE_CANCELED" for t in trials):
+                exp["state"] = "STATE_CANCELED"
+            elif all(t["state"] == "STATE_ERROR" for t in trials):
+                exp["state"] = "STATE_ERROR"  # searcher Shutdown{Failure}: "hp search failed"
+            else:
+                exp["state"] = "STATE_COMPLETED"
+            exp["end"] = time.time()
+        self.lock.notify_all()
+
+    # -- the agents' side
+    def take_work(self, agent_id: str, wait: float) -> dict:
+        """The containers to start and to kill. A long poll's answer can be lost (the agent
+        process ended while its request waited), so each spec and kill goes out again every
+        RESEND seconds until the agent reports on that container; the agent ignores repeats."""
+        deadline = time.monotonic() + wait
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                work: dict[str, list] = {"start": [], "kill": []}
+                for trial in self.trials.values():
+                    for cid, c in trial["containers"].items():
+                        if c["agent"] != agent_id or c["state"] == "TERMINATED":
+                            continue
+                        if c["kill"] and now - c["kill_sent"] > RESEND:
+                            c["kill_sent"] = now
+                            work["kill"].append(cid)
+                        elif not c["kill"] and c["state"] == "ASSIGNED" and now - c["sent"] > RESEND:
+                            c["sent"] = now
+                            work["start"].append(c["spec"])
+                if work["start"] or work["kill"] or now >= deadline:
+                    return work
+                self.lock.wait(min(deadline - now, 1.0))
+
+    def container_event(self, agent_id: str, body: dict) -> bool:
+        """Returns False for a container the master does not know (the agent kills it)."""
+        cid = body.get("container_id")
+        with self.lock:
+            for trial in self.trials.values():
+                c = trial["containers"].get(cid)
+                if c is None or c["agent"] != agent_id:
+                    continue
+                state = body.get("state")
+                if c["state"] == "TERMINATED":
+                    return state == "TERMINATED"
+                c["state"] = state
+                if state == "TERMINATED":
+                    c["exit_code"] = body.get("exit_code")
+                    c["error"] = body.get("error")
+                    if c["error"]:
+                        self.add_log(
+                            trial,
+                            c["error"],
+                            level="LOG_LEVEL_ERROR",
+                            agent_id=agent_id,
+                            container_id=cid,
+                            rank=c["rank"],
+                            source="agent",
+                        )
+                    self.add_log(
+                        trial,
+                        f"container {cid} exited with code {c['exit_code']}",
+                        agent_id=agent_id,
+                        container_id=cid,
+                        rank=c["rank"],
+                        source="agent",
+                    )
+                self.settle(trial, self.experiments[trial["exp"]])
+                self.lock.notify_all()
+                return True
+        return False
+
+    def container_logs(self, agent_id: str, body: dict) -> None:
+        with self.lock:
+            index = {cid: t for t in self.trials.values() for cid in t["containers"]}
+            for line in body.get("logs") or []:
+                trial = index.get(line.get("container_id"))
+                if trial is None:
+                    continue
+                c = trial["containers"][line["container_id"]]
+                self.add_log(
+                    trial,
+                    str(line.get("message", "")),
+                    agent_id=agent_id,
+                    container_id=line["container_id"],
+                    rank=c["rank"],
+                    stdtype=line.get("stdtype"),
+                    source="container",
+                    t=line.get("time"),
+                )
+
+    # -- HTTP
+    def handle(self, h) -> bool:
+        """Routes under /api/v1/experiments, /api/v1/trials and the agents' work protocol."""
+        path, method = h.route_path, ("GET" if h.command == "HEAD" else h.command)
+        if path == "/agents/work" and method == "GET":
+            agent_id = h.query.get("id", "")
+            wait = min(float(h.query.get("wait") or 0), 25.0)
+            h.reply(200, self.take_work(agent_id, wait))
+            return True
+        if path == "/agents/containers" and method == "POST":
+            known = self.container_event(h.query.get("id", ""), h.body_json())
+            h.reply(200 if known else 404, {} if known else {"message": "unknown container"})
+            return True
+        if path == "/agents/logs" and method == "POST":
+            self.container_logs(h.query.get("id", ""), h.body_json())
+            h.reply(200, {})
+            return True
+        if path == "/api/v1/experiments" and method == "POST":
+            user = h.require_user()
+            h.reply(200, self.create(h.body_json(), user))
+            return True
+        m = re.fullmatch(r"/api/v1/experiments/([0-9]+)(/trials|/kill|/archive)?", path)
+        if m:
+            h.require_user()
+            exp_id, action = int(m[1]), m[2] or ""
+            if method == "GET" and action == "":
+                with self.lock:
+                    exp = self.get_exp(exp_id)
+                    h.reply(
+                        200,
+                        {
+                            "experiment": self.exp_proto(exp),
+                            "jobSummary": None,
+                            "config": printable_config(exp["config"]),
+                        },
+                    )
+            elif method == "GET" and action == "/trials":
+                with self.lock:
+                    exp = self.get_exp(exp_id)
+                    trials = [self.trial_proto(self.trials[t]) for t in exp["trials"]]
+                n = len(trials)
+                pagination = {"offset": 0, "limit": 0, "startIndex": 0, "endIndex": n, "total": n}
+                h.reply(200, {"trials": trials, "pagination": pagination})
+            elif method == "POST" and action == "/kill":
+                self.kill(exp_id)
+                h.reply(200, {})
+            elif method == "POST" and action == "/archive":
+                self.archive(exp_id)
+                h.reply(200, {})
+            elif method == "DELETE" and action == "":
+                self.delete(exp_id)
+                h.reply(200, {})
+            else:
+                raise ApiError(5, "Not Found")
+            return True
+        m = re.fullmatch(r"/api/v1/trials/([0-9]+)(/logs)?", path)
+        if m and method == "GET":
+            h.require_user()
+            trial_id = int(m[1])
+            if m[2]:
+                self.stream_logs(h, trial_id)
+            else:
+                with self.lock:
+                    h.reply(200, {"trial": self.trial_proto(self.get_trial(trial_id))})
+            return True
+        return False
+
+    def stream_logs(self, h, trial_id: int) -> None:
+        """TrialLogs: server streaming, which grpc-gateway writes as one JSON object a line."""
+        follow = (h.query.get("follow") or "").lower() in ("1", "true")
+        limit = int(h.query.get("limit") or 0)
+        with self.lock:
+            self.get_trial(trial_id)
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        sent = 0
+        count = 0
+        while True:
+            with self.lock:
+                trial = self.trials.get(trial_id)
+                logs = list(trial["logs"][sent:]) if trial else []
+                done = trial is None or trial["state"] in TERMINAL
+                if not logs and follow and not done:
+                    self.lock.wait(1.0)
+                    continue
+            chunk = b""
+            for entry in logs:
+                if limit and count >= limit:
+                    done = True
+                    break
+                chunk += json.dumps({"result": entry}).encode() + b"\n"
+                count += 1
+            sent += len(logs)
+            if chunk and h.command != "HEAD":
+                h.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                h.wfile.flush()
+            if not follow or done:
+                break
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
+
+
+def printable_config(config: dict) -> dict:
+    """ExperimentConfig.Printable(): the S3 keys hidden."""
+    out = copy.deepcopy(config)
+    cs = out.get("checkpoint_storage") or {}
+    for key in ("access_key", "secret_key"):
+        if cs.get(key) is not None:
+            cs[key] = "********"
+    return out
+
+
+def new_token() -> str:
+    return "v2.public." + base64.urlsafe_b64encode(secrets.token_bytes(48)).decode().rstrip("=")

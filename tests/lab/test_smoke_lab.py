@@ -1,0 +1,186 @@
+"""verify's smoke experiment on the lab: its three rows green, then each breakage turns exactly
+its row red with the hint that fits it, and is repaired before the next (try/finally).
+
+1. MinIO's site region changed on the storage node only: the save row says
+   AuthorizationHeaderMalformed ("the region is wrong; expecting ...") -> the region hint; the
+   restore row is skipped (no checkpoint), the allreduce stays green.
+2. ib0 down on one agent (its node's IPoIB port, as `ip link set ib0 down` leaves it), with a
+   third agent disabled so that the two-agent trial must use it: the allreduce row -> the
+   fabric hint ('AllReduce timeout').
+3. A wrong secret key in the master's checkpoint storage (master.yaml, master restarted): the
+   save row says SignatureDoesNotMatch -> the keys hint; a deploy repairs it.
+
+Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
+checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+from minio.deleteobjects import DeleteObject
+
+from deploy import s3
+from tests.verify import smoke_client as sc
+from tests.verify.master_api import _http, _master_url, admin_token
+
+from .conftest import run_verify
+
+SAVE, RESTORE, ALLREDUCE = (
+    "test_smoke_trial_saves_a_checkpoint",
+    "test_smoke_trial_restores_it",
+    "test_smoke_two_agent_allreduce",
+)
+MASTER_YAML = "/etc/determined/master.yaml"
+MINIO_ENV = "/etc/default/minio"
+OTHER_REGION = "lab-north-9"
+
+
+def run_smoke(tmp_path, name: str) -> tuple[dict[str, str], str, str, float]:
+    """verify's smoke rows: ({check: ok|fail|skip}, the matrix in Markdown, pytest's output, seconds)."""
+    junit, matrix = tmp_path / f"{name}.xml", tmp_path / f"{name}.md"
+    started = time.monotonic()
+    result = run_verify(
+        "-k", "test_smoke", "-p", "tests.verify.matrix", f"--junitxml={junit}", f"--verify-matrix={matrix}",
+        smoke=True,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    rows, said = {}, []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        status = "fail" if failed else "skip" if case.find("skipped") is not None else "ok"
+        rows[case.get("name", "").split("@")[0]] = status
+        said += [e.get("message", "") for e in case if e.tag in ("failure", "error", "skipped")]
+    return rows, matrix.read_text(), "\n".join([result.stdout, *said]), seconds
+
+
+def leftovers(lab) -> list[str]:
+    client = s3.client(lab)
+    return [
+        o.object_name for o in client.list_objects(lab.storage.bucket, prefix="verify-smoke/", recursive=True)
+    ]
+
+
+def test_smoke_rows_green(deployed, lab, tmp_path):
+    rows, matrix, out, seconds = run_smoke(tmp_path, "green")
+    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok"}, out[-4000:]
+    assert "--> smoke: allreduce ok in" in out and "archived" in out, out[-2000:]
+    assert leftovers(lab) == []
+    print(f"smoke on the lab: {seconds:.1f}s for `verify -k test_smoke` (rows: {out.count(' ok in ')} ok)")
+
+
+def test_region_changed_on_minio_only(deployed, lab, lab_ssh, tmp_path):
+    storage = lab.storage_node.hostname
+    original = lab_ssh(storage, f"grep '^MINIO_SITE_REGION=' {MINIO_ENV}").stdout.strip()
+    try:
+        lab_ssh(
+            storage,
+            f"sed -i 's/^MINIO_SITE_REGION=.*/MINIO_SITE_REGION=\"{OTHER_REGION}\"/' {MINIO_ENV} "
+            "&& systemctl restart minio",
+        )
+        rows, matrix, out, _ = run_smoke(tmp_path, "region")
+        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok"}, out[-4000:]
+        assert "AuthorizationHeaderMalformed" in out and f"expecting '{OTHER_REGION}'" in out, out[-4000:]
+        assert sc.REGION.symptom[:60] in matrix.replace("\\|", "|"), matrix
+        assert "not run: no checkpoint from the save trial" in out
+        assert "signed for MinIO's region" in out  # the cleanup found MinIO's region
+    finally:
+        lab_ssh(
+            storage, f"sed -i 's/^MINIO_SITE_REGION=.*/{original}/' {MINIO_ENV} && systemctl restart minio"
+        )
+    assert leftovers(lab) == []
+
+
+def _agents(lab) -> list[dict]:
+    status, body = _http(f"{_master_url(lab)}/api/v1/agents", token=admin_token(lab))
+    assert status == 200, status
+    return body["agents"]
+
+
+def _set_enabled(lab, agent_id: str, enabled: bool) -> None:
+    """Enable or disable an agent; an agent that is reconnecting (404 "not connected; reconnect")
+    keeps the operator's choice across the reconnect, so it is asked again until it is back."""
+    action = "enable" if enabled else "disable"
+    body = {} if enabled else {"drain": False}
+    deadline = time.monotonic() + 60
+    while True:
+        status, _ = _http(
+            f"{_master_url(lab)}/api/v1/agents/{agent_id}/{action}", body, token=admin_token(lab)
+        )
+        if status == 200 or status != 404 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert status == 200, f"{action} {agent_id} -> {status}"
+
+
+def _size(agent: dict) -> int:
+    return len(agent.get("slots") or {})
+
+
+def test_ib0_down_on_one_agent(deployed, lab, lab_ssh, tmp_path):
+    broken = lab.agents[-1].hostname
+    iface = lab.agents[-1].ipoib_interface
+    node_of = sc.node_of_agent({a.hostname for a in lab.agents})
+    agents = [a for a in _agents(lab) if a.get("enabled", True)]
+    size = max(_size(a) for a in agents if node_of(a["id"]) == broken)
+    # The two-agent trial fits onto two agents of one size (smoke_client.allreduce_slots): it must
+    # take the broken node, so only one other node keeps agents of that size enabled.
+    others = sorted({node_of(a["id"]) for a in agents if _size(a) == size} - {broken})
+    assert others, f"no other node has an agent of {size} slots"
+    disabled = [a["id"] for a in agents if _size(a) == size and node_of(a["id"]) in others[1:]]
+    try:
+        for agent_id in disabled:
+            _set_enabled(lab, agent_id, False)
+        lab_ssh(broken, f"ip link set {iface} down")
+        rows, matrix, out, _ = run_smoke(tmp_path, "ib0")
+        assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "fail"}, out[-4000:]
+        assert re.search(rf"AllReduce would time out: container \d on {broken}: {iface} down", out), out[
+            -4000:
+        ]
+        assert sc.FABRIC.symptom[:60] in matrix.replace("\\|", "|"), matrix
+    finally:
+        lab_ssh(broken, f"ip link set {iface} up")
+        for agent_id in disabled:
+            _set_enabled(lab, agent_id, True)
+    assert leftovers(lab) == []
+
+
+def test_wrong_secret_key_in_master_yaml(deployed, lab, lab_ssh, deploy, tmp_path):
+    master = lab.master_node.hostname
+    backup = f"{MASTER_YAML}.smoke-test"
+    lab_ssh(master, f"cp -p {MASTER_YAML} {backup}")
+    repaired = None
+    try:
+        # checkpoint_storage's is master.yaml's only `secret_key:` at two spaces' indent.
+        lab_ssh(
+            master,
+            f"sed -i 's/^  secret_key: .*/  secret_key: \"not-the-minio-secret-0\"/' {MASTER_YAML} "
+            "&& systemctl restart determined-master",
+        )
+        rows, matrix, out, _ = run_smoke(tmp_path, "secret")
+        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok"}, out[-4000:]
+        assert "S3 SignatureDoesNotMatch" in out, out[-4000:]
+        assert sc.KEYS.symptom[:60] in matrix.replace("\\|", "|"), matrix
+        assert "not-the-minio-secret-0" not in out + matrix  # a key never reaches the output
+    finally:
+        repaired = deploy()  # the repair: master.yaml written again, the master restarted
+        if repaired.returncode != 0:  # leave the shared lab working whatever happened
+            lab_ssh(master, f"cp -p {backup} {MASTER_YAML} && systemctl restart determined-master")
+        lab_ssh(master, f"rm -f {backup}")
+    assert repaired.returncode == 0, repaired.stderr[-3000:]
+    rows, _, out, _ = run_smoke(tmp_path, "repaired")
+    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok"}, out[-4000:]
+    assert leftovers(lab) == []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers_before(lab):
+    """Start from a bucket without smoke objects (a run interrupted by hand may leave some)."""
+    client = s3.client(lab)
+    names = [
+        o.object_name for o in client.list_objects(lab.storage.bucket, prefix="verify-smoke/", recursive=True)
+    ]
+    list(client.remove_objects(lab.storage.bucket, [DeleteObject(n) for n in names]))

@@ -1,0 +1,258 @@
+"""Trials on the lab: experiments submitted to the master stand-in's REST API run in Docker.
+
+- a one-slot trial runs in one bridge-network container on one agent: the entrypoint sees the
+  model definition in its working directory, master.yaml's task_container_defaults environment,
+  the DET_* variables and the info files, and its output becomes the trial's logs;
+- a 16-slot trial takes two whole 8-GPU agents (the real fitting): two host-network containers
+  on two nodes, each given its agent's 8 GPUs (NVIDIA_VISIBLE_DEVICES from the Docker device
+  request: the lab's nvidia-smi stand-in lists every GPU whatever a container asked for), with
+  the same rendezvous addresses and an SSH key pair;
+- a failing entrypoint ends the trial in STATE_ERROR (max_restarts 0); a kill cancels a running
+  trial and removes its container; archive is refused until the experiment ended;
+- invalid configs are refused with the real master's texts (an unknown key such as
+  checkpoint_storage.region, more slots than the pool has);
+- no trial container is left on any agent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.verify.master_api import admin_token
+
+pytestmark = pytest.mark.lab
+
+TERMINAL = ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED")
+TASK_LABEL = "ai.determined.container.type=task-container"
+# What the entrypoint prints: one "KEY=value" line each, read back from the trial's logs.
+PROBE = (
+    "import json, os, socket; "
+    "print('REGION=' + os.environ.get('AWS_DEFAULT_REGION', '')); "
+    "print('MODEL=' + open('data/model.txt').read().strip()); "
+    "print('CWD=' + os.getcwd()); "
+    "print('TRIAL=' + os.environ['DET_TRIAL_ID'] + ' EXP=' + os.environ['DET_EXPERIMENT_ID']); "
+    "print('SLOTS=' + os.environ['DET_SLOT_IDS']); "
+    "print('TASKTYPE=' + os.environ['DET_TASK_TYPE']); "
+    "print('HPARAMS=' + os.environ['DET_HPARAMS']); "
+    "print('IFACES=' + ','.join(sorted(n for _, n in socket.if_nameindex()))); "
+    "print('RDV=' + open('/run/determined/info/rendezvous.json').read()); "
+    "print('KEY=' + str(os.path.exists('/run/determined/ssh/id_rsa'))); "
+    "print('GPUS=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''))"
+)
+ENTRYPOINT = f"python3 -c {shlex.quote(PROBE)}"
+
+
+class Api:
+    def __init__(self, cluster):
+        self.base = f"http://{cluster.master_node.address}:{cluster.master_port}"
+        self.token = admin_token(cluster)
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        request = urllib.request.Request(
+            self.base + path, data=json.dumps(body).encode() if body is not None else None, method=method
+        )
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def create(self, config: str, files: dict[str, bytes] | None = None) -> tuple[int, dict]:
+        # As the CLI sends a model definition (harness/determined/common/v1file_utils.py).
+        model = [
+            {
+                "path": path,
+                "type": 48,
+                "content": base64.b64encode(data).decode(),
+                "mode": 0o100644,
+                "mtime": "0",
+                "uid": 0,
+                "gid": 0,
+            }
+            for path, data in (files or {}).items()
+        ]
+        status, body = self.call(
+            "POST", "/api/v1/experiments", {"config": config, "modelDefinition": model, "activate": True}
+        )
+        return status, json.loads(body)
+
+    def trial(self, exp_id: int) -> dict:
+        status, body = self.call("GET", f"/api/v1/experiments/{exp_id}/trials")
+        assert status == 200, body
+        return json.loads(body)["trials"][0]
+
+    def wait(self, exp_id: int, states=TERMINAL, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            trial = self.trial(exp_id)
+            if trial["state"] in states or time.monotonic() > deadline:
+                return trial
+            time.sleep(1)
+
+    def logs(self, trial_id: int) -> list[dict]:
+        status, body = self.call("GET", f"/api/v1/trials/{trial_id}/logs")
+        assert status == 200, body
+        return [json.loads(line)["result"] for line in body.splitlines() if line.strip()]
+
+    def experiment(self, exp_id: int) -> dict:
+        status, body = self.call("GET", f"/api/v1/experiments/{exp_id}")
+        assert status == 200, body
+        return json.loads(body)["experiment"]
+
+
+def experiment_yaml(entrypoint: str, slots: int = 1, extra: str = "") -> str:
+    return (
+        f"name: lab-trials\n"
+        f"entrypoint: {json.dumps(entrypoint)}\n"
+        f"searcher: {{name: single, metric: loss, max_length: 1}}\n"
+        f"hyperparameters: {{lr: 0.5, layers: {{type: const, val: 3}}}}\n"
+        f"max_restarts: 0\n"
+        f"resources: {{slots_per_trial: {slots}}}\n"
+        f"{extra}"
+    )
+
+
+def printed(logs: list[dict], rank: int) -> dict[str, str]:
+    out = {}
+    for entry in logs:
+        if entry["source"] == "container" and entry["rankId"] == rank and "=" in entry["message"]:
+            key, _, value = entry["message"].rstrip("\n").partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def api(deployed, lab):
+    return Api(lab)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_containers_left(lab, lab_ssh):
+    yield
+    for agent in lab.agents:
+        left = lab_ssh(agent.hostname, f"docker ps -aq --filter label={TASK_LABEL}").stdout.split()
+        assert left == [], f"{agent.hostname}: trial containers left: {left}"
+
+
+def test_one_slot_trial_runs_in_a_bridge_container(api, lab):
+    status, created = api.create(
+        experiment_yaml(ENTRYPOINT), {"data/model.txt": b"from-the-model-definition\n"}
+    )
+    assert status == 200, created
+    exp_id = created["experiment"]["id"]
+    assert created["experiment"]["state"] == "STATE_ACTIVE"
+    # master.yaml's S3 keys are merged into the config, shown masked.
+    assert created["config"]["checkpoint_storage"]["secret_key"] == "********"
+    trial = api.wait(exp_id)
+    logs = api.logs(trial["id"])
+    assert trial["state"] == "STATE_COMPLETED", logs
+    assert api.experiment(exp_id)["state"] == "STATE_COMPLETED"
+    out = printed(logs, 0)
+    assert out["REGION"] == lab.storage.region  # task_container_defaults.environment_variables
+    assert out["MODEL"] == "from-the-model-definition"
+    assert out["CWD"] == "/run/determined/workdir"
+    assert out["TRIAL"] == f"{trial['id']} EXP={exp_id}"
+    assert out["TASKTYPE"] == "TRIAL"
+    assert json.loads(out["HPARAMS"]) == {"lr": 0.5, "layers": 3}
+    assert len(json.loads(out["SLOTS"])) == 1
+    assert [u[:4] for u in out["GPUS"].split(",")] == ["GPU-"]  # the slot's UUID, as --gpus
+    ifaces = out["IFACES"].split(",")
+    assert "eth0" in ifaces and "ib0" not in ifaces, ifaces  # bridge network
+    rendezvous = json.loads(out["RDV"])
+    assert rendezvous["container_rank"] == 0 and rendezvous["container_slot_counts"] == [1]
+    assert out["KEY"] == "True"
+    assert all(e["agentId"] for e in logs if e["source"] == "container")
+
+
+def test_sixteen_slots_take_two_whole_agents_with_host_networking(api, lab):
+    status, created = api.create(experiment_yaml(ENTRYPOINT, slots=16), {"data/model.txt": b"two\n"})
+    assert status == 200, created
+    trial = api.wait(created["experiment"]["id"])
+    logs = api.logs(trial["id"])
+    assert trial["state"] == "STATE_COMPLETED", logs
+    ranks = [printed(logs, rank) for rank in (0, 1)]
+    agents = {e["agentId"] for e in logs if e["source"] == "container"}
+    assert len(agents) == 2, agents
+    addresses = {str(a.address) for a in lab.agents}
+    for rank, out in enumerate(ranks):
+        assert out["MODEL"] == "two" and out["REGION"] == lab.storage.region
+        assert "ib0" in out["IFACES"].split(","), out["IFACES"]  # host network: the node's ports
+        assert len(json.loads(out["SLOTS"])) == 8 and len(set(out["GPUS"].split(","))) == 8
+        rendezvous = json.loads(out["RDV"])
+        assert rendezvous["container_rank"] == rank
+        assert rendezvous["container_slot_counts"] == [8, 8]
+        assert (
+            set(rendezvous["container_addrs"]) <= addresses and len(set(rendezvous["container_addrs"])) == 2
+        )
+        assert out["KEY"] == "True"
+
+
+def test_failure_kill_and_archive(api):
+    status, created = api.create(experiment_yaml("echo failing >&2; exit 3"))
+    assert status == 200, created
+    trial = api.wait(created["experiment"]["id"])
+    logs = api.logs(trial["id"])
+    assert trial["state"] == "STATE_ERROR", logs
+    assert any(e["stdtype"] == "stderr" and e["message"].strip() == "failing" for e in logs), logs
+    assert api.experiment(created["experiment"]["id"])["state"] == "STATE_ERROR"
+
+    status, created = api.create(experiment_yaml("sleep 600"))
+    assert status == 200, created
+    exp_id = created["experiment"]["id"]
+    assert api.wait(exp_id, states=("STATE_RUNNING",) + TERMINAL)["state"] == "STATE_RUNNING"
+    status, body = api.call("POST", f"/api/v1/experiments/{exp_id}/archive")
+    assert status == 400 and json.loads(body)["error"]["error"] == "Experiment is not in terminal state."
+    assert api.call("POST", f"/api/v1/experiments/{exp_id}/kill")[0] == 200
+    assert api.wait(exp_id, timeout=60)["state"] == "STATE_CANCELED"
+    assert api.experiment(exp_id)["state"] == "STATE_CANCELED"
+    assert api.call("POST", f"/api/v1/experiments/{exp_id}/archive")[0] == 200
+    assert api.experiment(exp_id)["archived"] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "slots", "expected"),
+    [
+        (
+            "checkpoint_storage: {type: s3, bucket: b, region: us-east-1}\n",
+            1,
+            '<config>.checkpoint_storage: additionalProperties "region" not allowed',
+        ),
+        ("gpu_affinity: true\n", 1, '<config>: additionalProperties "gpu_affinity" not allowed'),
+        ("", 64, "invalid resource configuration: slots requested exceeds cluster capacity"),
+    ],
+)
+def test_invalid_configs_are_refused_with_the_real_text(api, extra, slots, expected):
+    status, body = api.create(experiment_yaml("true", slots=slots, extra=extra))
+    assert status == 500 and body["error"]["reason"] == "Internal", body
+    assert expected in body["error"]["error"], body
+
+
+def test_trial_containers_carry_the_real_labels(api, lab, lab_ssh):
+    status, created = api.create(experiment_yaml("sleep 600"))
+    assert status == 200, created
+    exp_id = created["experiment"]["id"]
+    try:
+        assert api.wait(exp_id, states=("STATE_RUNNING",) + TERMINAL)["state"] == "STATE_RUNNING"
+        found = {}
+        for agent in lab.agents:
+            fmt = shlex.quote("{{json .Config.Labels}} {{.HostConfig.NetworkMode}}")
+            ids = lab_ssh(agent.hostname, f"docker ps -q --filter label={TASK_LABEL}").stdout.split()
+            for cid in ids:
+                found[cid] = lab_ssh(agent.hostname, f"docker inspect -f {fmt} {cid}").stdout
+        assert len(found) == 1, found
+        labels_json, _, network = next(iter(found.values())).strip().rpartition(" ")
+        labels = json.loads(labels_json)
+        assert labels["ai.determined.container.description"].startswith(f"exp-{exp_id}-trial-")
+        assert labels["ai.determined.container.agent"] and network == "bridge"
+    finally:
+        api.call("POST", f"/api/v1/experiments/{exp_id}/kill")
+        api.wait(exp_id, timeout=60)

@@ -1,0 +1,106 @@
+"""tests/lab/bench.py's counters: upstream bytes, controller CPU, operations, the fit check."""
+
+import sys
+
+from tests.lab import bench
+
+NODES = ["10.77.40.10", "10.77.40.11"]
+CACHES = {"127.0.0.1", "10.77.40.1"}
+
+
+def test_upstream_bytes_split_cache_and_direct_from_the_three_logs(tmp_path, monkeypatch):
+    mirror, registry, acng = tmp_path / "mirror.log", tmp_path / "registry.log", tmp_path / "acng.log"
+    for name, path in (("MIRROR_LOG", mirror), ("REGISTRY_LOG", registry), ("ACNG_LOG", acng)):
+        monkeypatch.setattr(bench, name, path)
+    # What was there before the step is not counted.
+    mirror.write_text('10.77.40.10 - - [30/Nov/2026:16:51:40 +0000] "GET /old HTTP/1.1" 200 999999\n')
+    registry.write_text("")
+    acng.write_text("1796057470|I|888888|10.77.40.10|debrep/old\n")
+    offsets = bench.log_offsets()
+    with open(mirror, "a") as f:
+        f.write('10.77.40.10 - - [30/Nov/2026:16:51:40 +0000] "GET /mofed/x.tgz HTTP/1.1" 200 1000\n')
+        f.write('10.77.40.11 - - [30/Nov/2026:16:51:40 +0000] "GET /mofed/x.tgz HTTP/1.1" 200 1000\n')
+        f.write('10.77.40.1 - - [30/Nov/2026:16:51:40 +0000] "GET /cuda/a.deb HTTP/1.1" 200 500\n')
+        f.write('10.77.0.12 - - [30/Nov/2026:16:51:40 +0000] "GET /other-lab HTTP/1.1" 200 7\n')
+    with open(registry, "a") as f:
+        f.write(
+            'time="2026-11-30T16:51:40Z" level=info msg="response completed" '
+            'http.request.remoteaddr="10.77.40.11:1" http.response.written=300\n'
+        )
+        f.write(
+            '10.77.40.11 - - [30/Nov/2026:16:51:40 +0000] "GET /v2/x/blobs/sha256:ab HTTP/1.1" 200 300 "" '
+            '"docker/20.10.24+dfsg1"\n'
+        )
+    with open(acng, "a") as f:
+        f.write("1796057470|I|40|10.77.40.10|debrep/pool/a.deb\n")  # fetched from Debian once
+        f.write("1796057470|O|40|10.77.40.10|debrep/pool/a.deb\n")
+        f.write("1796057471|O|40|10.77.40.11|debrep/pool/a.deb\n")  # served from the cache
+    via_cache, direct = bench.upstream_bytes(offsets, NODES, CACHES)
+    assert direct == 1000 + 1000 + 300  # the mirror and the registry, to each node
+    assert via_cache == 500 + 40  # the mirror to the caching point, Debian to apt-cacher-ng
+
+
+def test_controller_cpu_counts_the_command_and_its_children():
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    # The work happens in a grandchild, as pyinfra's under python -m deploy.shards.
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+    result = bench.timed([sys.executable, "-c", parent])
+    assert result["rc"] == 0
+    assert result["cpu_controller"] >= 0.25
+
+
+def test_operations_counts_one_debug_line_per_operation_and_host():
+    out = "\n".join(
+        [
+            "--> Starting operation: Hosts | Hostname ",
+            '    [pyinfra.api.operations] Starting operation {"Hosts | Hostname"} on b4-master',
+            '[shard 1/2]     [pyinfra.api.operations] Starting operation {"Hosts | Hostname"} on b4-gpu1',
+            '    [pyinfra.api.operations] Starting operation {"A | {b}"} on b4-gpu2  ',
+        ]
+    )
+    assert bench.operations(out) == 3
+
+
+def test_sizes_that_do_not_fit_are_refused_before_booting():
+    assert bench.fit_problems(4, 23.0, 77.0) == []
+    assert bench.fit_problems(64, 23.0, 77.0) == [
+        f"64 nodes need ~102 GB of disk under {bench.STATE}, 77 GB free"
+    ]
+    assert bench.fit_problems(128, 23.0, 500.0) == ["128 nodes need ~32 GB of memory, 23 GB available"]
+    assert bench.main(["--sizes", "4,100000", "--out", "/nonexistent/x.md"]) == 2
+
+
+def test_table_has_the_new_columns():
+    row = {
+        "size": 4,
+        "step": "no-op re-deploy, 2 shards",
+        "wall": 3.0,
+        "cmds_per_host": 4,
+        "mb_per_node": 0.0,
+        "peak_mb": 70,
+        "cpu_controller": 2.0,
+        "cpu_ms_per_node": 500.0,
+        "cpu_ms_per_op": 1.45,
+        "cpu_nodes": 1.0,
+        "upstream_cache_mb": 0.0,
+        "upstream_direct_mb": 12.5,
+        "rc": 0,
+    }
+    header, _, line = bench.table([row]).splitlines()
+    assert "CPU ms controller/op·host" in header and "upstream MB direct" in header
+    assert (
+        line
+        == "| 4 | no-op re-deploy, 2 shards | 3.0 | 4 | 0.0 | 70 | 2.0 | 500 | 1.45 | 1.0 | 0.0 | 12.5 | 0 |"
+    )
+    # The boot row has none of them.
+    boot = {k: None for k in row} | {
+        "size": 4,
+        "step": "lab up (boot)",
+        "wall": 2.0,
+        "mb_per_node": 0,
+        "rc": 0,
+    }
+    assert (
+        bench.table([boot]).splitlines()[2]
+        == "| 4 | lab up (boot) | 2.0 | - | 0.0 | - | - | - | - | - | - | - | 0 |"
+    )
