@@ -13,8 +13,8 @@ import shlex
 
 import pytest
 
-from tests.verify.drain import _list_agents, set_agent_enabled
-from tests.verify.master_api import _agents_of, admin_token
+from tests.verify.drain import set_agent_enabled
+from tests.verify.master_api import _agents_of, admin_token, list_agents
 
 from .conftest import failing_cells, run_verify
 
@@ -33,8 +33,7 @@ FABRIC_FAULTS = {
 
 
 def _agents(lab) -> dict[str, dict]:
-    token = admin_token(lab)
-    return {a["id"]: a for a in _list_agents(lab, token)}
+    return {a["id"]: a for a in list_agents(lab)}
 
 
 def _enabled(lab, node) -> dict[str, bool]:
