@@ -53,8 +53,11 @@ OBJECT_ACTIONS = (
 )
 # MinIO lets any user set its own password through the admin API unless a policy denies it
 # (minio/minio cmd/admin-handlers-users.go AddUser: `checkDenyOnly := accessKey ==
-# cred.AccessKey`): one trial could lock the master and every other trial out.
-DENIED_ADMIN_ACTIONS = ("admin:CreateUser",)
+# cred.AccessKey`): one trial could lock the master and every other trial out. Likewise it
+# lets a user make service accounts (access keys) for itself (AddServiceAccount's deny-only
+# check, targetUser == cred.AccessKey): a key minted by one trial would outlive the next
+# rotation of this user's secret, which the deploy could not see.
+DENIED_ADMIN_ACTIONS = ("admin:CreateServiceAccount", "admin:CreateUser")
 
 # MinIO's limits for a user's keys (minio/minio internal/auth/credentials.go:
 # secretKeyMinLen 8; secretKeyMaxLen 40 is the longest it generates).

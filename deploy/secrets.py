@@ -191,6 +191,8 @@ def credentials_problem(text: str) -> str | None:
     Both halves become tokens of netrc-like files (apt_auth.conf(5), curl's --netrc-file), which
     split on whitespace and where curl reads a token starting with a double quote as a quoted
     string: printable ASCII without spaces, double quotes or backslashes keeps them one token.
+    curl (7.84 and later, lib/netrc.c) also reads a token that starts with '#' as a comment:
+    such a password would silently go out empty.
     """
     user, colon, password = text.partition(":")
     if not colon:
@@ -200,4 +202,6 @@ def credentials_problem(text: str) -> str | None:
     for c in text:
         if not ("!" <= c <= "~") or c in '"\\':
             return "must be printable ASCII without spaces, double quotes or backslashes"
+    if user.startswith("#") or password.startswith("#"):
+        return "user and password must not start with '#' (curl's netrc reads it as a comment)"
     return None

@@ -74,7 +74,12 @@ class Shard:
 def inventory_groups(path: str) -> dict[str, list[str]]:
     """The inventory module's groups (lists of host names, or (name, data) tuples), as
     pyinfra reads them: each module-level list is a group. A broken cluster.yaml exits 2 here."""
-    namespace = runpy.run_path(path)
+    try:
+        namespace = runpy.run_path(path)
+    except SystemExit:
+        raise  # deploy.inventory's one-line problems about cluster.yaml, exit 2
+    except Exception as e:  # a YAML file given as INVENTORY, a syntax error, ...: no traceback
+        raise ShardError(f"{path}: not a pyinfra inventory module ({type(e).__name__})") from None
     groups: dict[str, list[str]] = {}
     for name, value in namespace.items():
         if name.startswith("_") or not isinstance(value, list | tuple):
@@ -146,6 +151,8 @@ def parse_pyinfra_args(args: list[str]) -> tuple[list[str], list[str], list[str]
         name, eq, value = arg.partition("=")
         if name in REFUSED:
             raise ShardError(f"{name}: {REFUSED[name]}; run plain pyinfra for this")
+        if name == "--shards":
+            raise ShardError("--shards: give it before INVENTORY (what follows INVENTORY goes to pyinfra)")
         if name in SELECTORS:
             if not eq:
                 if i + 1 >= len(args):

@@ -196,7 +196,8 @@ def _sources(top: Map) -> Sources:
     if values["registry_ca"] is not None and not m.given("registry"):
         m.r.bad("sources.registry_ca", values["registry_ca"], "a CA without sources.registry: name it")
     login, repo = values["mirror_credentials"], urlsplit(values["cuda_repo"] or "").hostname or ""
-    if login is not None and repo.endswith(".nvidia.com"):  # the site's login is not NVIDIA's
+    repo = repo.rstrip(".")  # "host." is the same host to DNS
+    if login is not None and (repo == "nvidia.com" or repo.endswith(".nvidia.com")):  # not NVIDIA's
         m.r.add("sources.mirror_credentials", str(login.reference), f"for a site mirror, not {repo}")
     proxy_login = values["apt_proxy_credentials"]
     if proxy_login is not None and not m.given("apt_proxy"):

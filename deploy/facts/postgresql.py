@@ -46,7 +46,11 @@ class RoleVerifier(FactBase):
     def command(self, role, port, key):
         m = "convert_to(coalesce(rolpassword, ''), 'UTF8')"
         k = "decode(:'k', 'hex')"
+        # psql expands :'k' on the client, so the statement the server sees holds the key:
+        # keep it out of the server log even if the statement fails (superuser-only settings,
+        # for this session alone; -q keeps their "SET" tags out of the output).
         sql = (
+            "SET log_min_error_statement = panic; SET log_statement = 'none'; "
             "SELECT CASE WHEN rolpassword LIKE 'SCRAM-SHA-256$%' "
             "THEN split_part(rolpassword, '$', 2) ELSE '' END"
             f" || ' ' || CASE WHEN length({k}) <> 128 THEN '' ELSE encode(sha256("

@@ -113,7 +113,9 @@ def test_policy_without_prefix(env, tmp_path):
             "Resource": ["arn:aws:s3:::det-checkpoints/*"],
         },
     ]
-    assert {"Effect": "Deny", "Action": ["admin:CreateUser"]} in doc["Statement"]
+    assert {"Effect": "Deny", "Action": ["admin:CreateServiceAccount", "admin:CreateUser"]} in doc[
+        "Statement"
+    ]
     assert not any(a == "*" or a.endswith(":*") for s in doc["Statement"] for a in s["Action"])
     assert minio_iam.policy_name(storage) == "determined-checkpoints"
 

@@ -267,6 +267,21 @@ def test_bad_input_is_one_line_before_any_process(fake_pyinfra, capsys):
     ]
 
 
+def test_a_file_that_is_no_inventory_module_and_misplaced_options_are_one_line(
+    fake_pyinfra, tmp_path, capsys
+):
+    inventory, order = fake_pyinfra
+    yaml_file = tmp_path / "cluster.yaml"
+    yaml_file.write_text("nodes:\n  - name: a\n")
+    assert shards.main([str(yaml_file)]) == 2
+    assert shards.main([str(inventory), "--shards", "4"]) == 2
+    assert not order.exists()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "Traceback" not in "".join(err)
+    assert f"{yaml_file}: not a pyinfra inventory module (" in err[0], err[0]
+    assert "--shards: give it before INVENTORY" in err[1]
+
+
 def test_only_the_lines_outcome_reads_are_kept(capsys):
     import io
     import threading

@@ -1,4 +1,4 @@
-"""Trust odds and ends (#17): PGDG's keyring holds exactly the pinned key, secret files are
+"""Trust odds and ends: PGDG's keyring holds exactly the pinned key, secret files are
 compared without a hash anyone could test guesses against, and the mirror's and apt proxy's
 logins reach apt and curl through root-only files, never a URL or a command line.
 
@@ -285,6 +285,8 @@ def test_without_logins_there_are_no_login_files(tmp_path, monkeypatch):
         ('user:"pw-Zq9', "double quotes"),
         ("user:pw\\x-Zq9", "backslashes"),
         ("usér:pw-Zq9", "printable ASCII"),
+        ("user:#pw-Zq9", "must not start with '#'"),
+        ("#user:pw-Zq9", "must not start with '#'"),
     ],
 )
 def test_a_malformed_login_is_one_line_without_the_value(tmp_path, monkeypatch, value, problem):
@@ -315,6 +317,19 @@ def test_a_login_needs_its_mirror_or_proxy(tmp_path, monkeypatch):
         f"{f}: sources.mirror_credentials: {{env: T_M}}: for a site mirror, not {NVIDIA}",
         f"{f}: sources.apt_proxy_credentials: {{env: T_M}}: a login without apt_proxy",
     ]
+
+
+@pytest.mark.parametrize("host", ["developer.download.nvidia.com.", "nvidia.com"])
+def test_a_login_is_never_for_nvidia_however_the_host_is_written(tmp_path, monkeypatch, host):
+    with pytest.raises(ClusterError) as e:
+        cluster_with(
+            tmp_path,
+            monkeypatch,
+            f"  cuda_repo: https://{host}/compute/cuda/repos/{{distro}}/x86_64/\n"
+            "  mirror_credentials: {env: T_M}\n",
+            {"T_M": "u:Secret-1"},
+        )
+    assert any("sources.mirror_credentials" in p and "for a site mirror, not" in p for p in e.value.problems)
 
 
 def apt_helper(url: str, dest: Path, authdir: Path, *options: str):

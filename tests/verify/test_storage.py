@@ -238,6 +238,8 @@ def test_console_listens_as_configured(storage, host_of, cluster):
         assert not outside, f"MinIO's console listens on {outside}:{port}, not only on localhost"
     else:
         assert local, f"nothing listens on the console port {port}"
+        outside = [a for a in local if a not in ("127.0.0.1", "[::1]")]
+        assert outside, f"MinIO's console listens on {local}:{port} only, not on every interface"
 
 
 def test_wrong_secret_refused(master_s3_env, cluster):
