@@ -54,6 +54,21 @@ def _gpg(gpg_home: Path, *args: str, input: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+def throwaway_keys(gpg_home: Path, names: tuple[str, ...]) -> dict[str, tuple[str, bytes]]:
+    """A fresh ed25519 signing key per name in gpg_home (made 0700): {name: (fingerprint,
+    armored public key)}. For tests that need keys nobody pinned."""
+    gpg_home.mkdir(parents=True, exist_ok=True)
+    os.chmod(gpg_home, 0o700)
+    found = {}
+    for name in names:
+        uid = f"dtlab {name} <{name}@example.invalid>"
+        _gpg(gpg_home, "--quick-gen-key", uid, "ed25519", "sign", "never")
+        listing = _gpg(gpg_home, "--with-colons", "--list-keys", uid).decode()
+        fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+        found[name] = (fpr, _gpg(gpg_home, "--armor", "--export", fpr))
+    return found
+
+
 # The lab archive key is committed (lab-only, trusted by lab nodes alone): the keyring .deb
 # that carries it is then the same on every build, so inventories/lab/cluster.yaml can pin its
 # sha256 like any other artifact (sources.cuda_keyring, tests/lab/pins.py).

@@ -41,6 +41,7 @@ from roles.determined_master import MASTER_YAML, S3_ENV
 from roles.minio import ENV_FILE as MINIO_ENV
 
 from . import debs
+from .aptrepo import throwaway_keys
 from .conftest import LAB_CLUSTER, LAB_INVENTORY, PYINFRA, DeployRun, _inventory_for, run_verify
 from .paths import MIRROR, REPO
 from .pins import LAB_DISTRO
@@ -179,23 +180,8 @@ PGDG_DEST = f"{PGDG_DIR}/apt.postgresql.org.asc"
 @pytest.fixture(scope="module")
 def openpgp_keys(tmp_path_factory):
     """Two throwaway keys, [(fingerprint, armored), ...]: the "pinned" one and an intruder."""
-    home = tmp_path_factory.mktemp("gnupg")
-    home.chmod(0o700)
-    gpg = ["gpg", "--homedir", str(home), "--batch", "--no-options"]
-    found = []
-    for name in ("pinned", "intruder"):
-        uid = f"dtlab {name} <{name}@example.invalid>"
-        subprocess.run(
-            gpg + ["--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"], check=True
-        )
-        listing = subprocess.run(
-            gpg + ["--with-colons", "--list-keys", uid], check=True, capture_output=True, text=True
-        ).stdout
-        fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
-        found.append(
-            (fpr, subprocess.run(gpg + ["--armor", "--export", fpr], check=True, capture_output=True).stdout)
-        )
-    return found
+    keys = throwaway_keys(tmp_path_factory.mktemp("gnupg"), ("pinned", "intruder"))
+    return [keys["pinned"], keys["intruder"]]
 
 
 @pytest.fixture

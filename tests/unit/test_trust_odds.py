@@ -25,6 +25,7 @@ from deploy.facts.trust import OpenPgpKeys, SecretFileState
 from deploy.secrets import credentials_problem
 from roles import apt_proxy, postgresql, shared_ops
 from roles.templates import files_path
+from tests.lab.aptrepo import throwaway_keys
 from tests.unit.test_cluster import MINIMAL
 
 needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg")
@@ -66,22 +67,7 @@ def run_op(op, fake: FakeHost, *args, **kwargs) -> list:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     """Two throwaway OpenPGP keys: {"a": (fingerprint, armored), "b": ...}."""
-    home = tmp_path_factory.mktemp("gnupg")
-    os.chmod(home, 0o700)
-    found = {}
-    for name in ("a", "b"):
-        uid = f"dtlab test {name} <{name}@example.invalid>"
-        gpg = ["gpg", "--homedir", str(home), "--batch", "--no-options"]
-        subprocess.run(
-            gpg + ["--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never"], check=True
-        )
-        listing = subprocess.run(
-            gpg + ["--with-colons", "--list-keys", uid], check=True, capture_output=True, text=True
-        ).stdout
-        fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
-        armored = subprocess.run(gpg + ["--armor", "--export", fpr], check=True, capture_output=True).stdout
-        found[name] = (fpr, armored)
-    return found
+    return throwaway_keys(tmp_path_factory.mktemp("gnupg"), ("a", "b"))
 
 
 def read_fact(path: Path):
