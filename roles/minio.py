@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import io
 
-from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra import host
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -29,6 +29,7 @@ from roles.minio_iam import determined_user
 from roles.shared_ops import (
     SecretBytes,
     env_file,
+    on_controller,
     packages,
     secret_file,
     verified_binary,
@@ -82,19 +83,6 @@ def data_mount_drop_in(cluster: Cluster) -> str:
     )
 
 
-def _ensure_bucket(state, host, cluster: Cluster) -> bool:
-    # (state, host) in the signature: pyinfra calls this directly and takes its return value
-    # as the command's success, so a clear one-line message replaces a traceback.
-    try:
-        created = s3.ensure_bucket(cluster)
-    except s3.BucketError as e:
-        host.log_styled(str(e), fg="red", log_func=logger.error)
-        return False
-    if created:
-        host.log(f"created bucket {cluster.storage.bucket}", logger.info)
-    return True
-
-
 @operation()
 def bucket(cluster: Cluster):
     """The checkpoint bucket, from the controller: a change only when it has to be made.
@@ -106,7 +94,10 @@ def bucket(cluster: Cluster):
     if problem is None:
         host.noop(f"bucket {cluster.storage.bucket} exists in region {cluster.storage.region}")
         return
-    yield FunctionCommand(_ensure_bucket, (cluster,), {})
+    yield on_controller(
+        lambda: [f"created bucket {cluster.storage.bucket}"] if s3.ensure_bucket(cluster) else [],
+        s3.BucketError,
+    )
 
 
 @deploy("MinIO object storage")

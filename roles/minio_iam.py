@@ -12,24 +12,12 @@ binary) with the root keys in its config or argv. Nothing here prints a key.
 
 from __future__ import annotations
 
-from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, operation
+from pyinfra import host
+from pyinfra.api import operation
 
 from deploy import minio_iam
 from deploy.cluster import Cluster
-
-
-def _ensure(state, host, cluster: Cluster) -> bool:
-    # (state, host): pyinfra calls this directly and takes the return value as success, so a
-    # one-line message replaces a traceback.
-    try:
-        done = minio_iam.ensure(cluster)
-    except minio_iam.IamError as e:
-        host.log_styled(str(e), fg="red", log_func=logger.error)
-        return False
-    for line in done:
-        host.log(line, logger.info)
-    return True
+from roles.shared_ops import on_controller
 
 
 @operation()
@@ -47,4 +35,4 @@ def determined_user(cluster: Cluster):
     if not problems:
         host.noop(f"user {storage.determined_user} has policy {minio_iam.policy_name(storage)}")
         return
-    yield FunctionCommand(_ensure, (cluster,), {})
+    yield on_controller(lambda: minio_iam.ensure(cluster), minio_iam.IamError)

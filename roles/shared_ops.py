@@ -15,6 +15,7 @@ nothing when that state is already right: a second deploy reports no change.
 - `fail`: the one way a role stops its host.
 - `packages`: apt packages, refreshing the apt lists first only when something is missing.
 - `wait_for_http`: poll a URL on the node until it answers 200.
+- `on_controller`: a step that runs on the controller (an API call), failing one host cleanly.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from __future__ import annotations
 import io
 import re
 import shlex
+from collections.abc import Callable
 
-from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, server
@@ -200,3 +202,19 @@ def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
         ],
         **kwargs,
     )
+
+
+def on_controller(step: Callable[[], list[str]], error: type[Exception]) -> FunctionCommand:
+    """step() on the controller, its lines logged; an `error` fails the host in one red line."""
+
+    def run(state, host) -> bool:
+        try:
+            lines = step()
+        except error as e:
+            host.log_styled(str(e), fg="red", log_func=logger.error)
+            return False
+        for line in lines:
+            host.log(line, logger.info)
+        return True
+
+    return FunctionCommand(run, (), {})
