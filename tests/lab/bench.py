@@ -20,6 +20,7 @@ booting anything it checks that the largest size fits the machine's memory and d
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import re
@@ -30,8 +31,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import lifecycle, nodes
-from .paths import DEFAULT_CLUSTER, LOGS, REPO, STATE
+import yaml
+
+from . import lifecycle, nodes, registry, services
+from .paths import APT_PROXY_PORT, DEFAULT_CLUSTER, LOGS, MIRROR_PORT, NODES, REPO, STATE
+from .shell import LabError, run
 
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 ACNG_LOG = Path("/var/log/apt-cacher-ng/apt-cacher.log")
@@ -39,15 +43,25 @@ MIRROR_LOG = STATE / "mirror-access.log"
 # The registry's access lines (Distribution 2.8 logs one combined-format line per request,
 # beside its "response completed" lines): client, request, status, bytes written.
 REGISTRY_LOG = LOGS / "registry.log"
+# ... and its pull-through cache's, in the same format: what the nodes pulled through it.
+REGISTRY_CACHE_LOG = LOGS / "registry-cache.log"
 # What one lab node costs the machine, measured on the 4-node lab after a deploy (2026-11-30):
 # an agent's overlay upper directory 1.2 GB (Debian packages, /var/cache/apt) and its Docker
 # disk 0.3 GB; the processes of one node (systemd, dockerd, containerd, the agent) ~210 MB RSS.
 NODE_DISK_GB = 1.6
 NODE_MEMORY_GB = 0.25
+# The same on a zstd-compressed btrfs (node_storage): 1.56 GB of one deployed agent copied there
+# took 0.9 GB (the .deb files in /var/cache/apt do not compress).
+NODE_DISK_GB_COMPRESSED = 1.0
+DISK_RESERVE_GB = 8.0  # for the mirror, the caches, logs and the registry's storage meanwhile
+BTRFS_IMAGE = STATE / "bench-nodes.btrfs"
 
 
 def cluster_yaml(size: int, octet: int) -> str:
-    """The lab cluster.yaml with `size` nodes on 10.77.<octet>.0/24."""
+    """The lab cluster.yaml with `size` nodes on 10.77.<octet>.0/24, set up as docs/site-setup.md
+    sets up a site: every vendor download through the controller's apt-cacher-ng (the lab mirror
+    under /labmirror/, tests/lab/services.py) and the task images through the pull-through
+    registry (tests/lab/registry.py's CACHE_PORT). The sha256 pins stay the mirror's."""
     text = DEFAULT_CLUSTER.read_text()
     head, _, rest = text.partition("nodes:\n")
     tail = rest[rest.index("\nsources:") :]
@@ -62,6 +76,8 @@ def cluster_yaml(size: int, octet: int) -> str:
         )
     text = head + "nodes:\n" + "".join(nodes) + tail
     text = text.replace("master_host: lab-master", f"master_host: b{size}-master")
+    text = text.replace(f"http://10.77.0.1:{MIRROR_PORT}/", f"http://10.77.0.1:{APT_PROXY_PORT}/labmirror/")
+    text = text.replace(f"registry: 10.77.0.1:{registry.PORT}", f"registry: 10.77.0.1:{registry.CACHE_PORT}")
     return text.replace("10.77.0.", f"10.77.{octet}.").replace("10.78.0.", f"10.78.{octet}.")
 
 
@@ -86,12 +102,13 @@ MIRROR_LINE = re.compile(r'^(?P<ip>\S+) .*" \d{3} (?P<bytes>\d+)$')
 REGISTRY_LINE = re.compile(r'^(?P<ip>[\d.]+) - \S+ \[[^\]]*\] "[^"]*" \d{3} (?P<bytes>\d+) ')
 # apt-cacher-ng: time|O|bytes|client|path  (O = delivered to a client)
 ACNG_LINE = re.compile(r"^\d+\|O\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
-# ... and time|I|bytes|client|path: fetched from upstream (Debian) for that client's request.
-ACNG_UPSTREAM_LINE = re.compile(r"^\d+\|I\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|")
+# ... and time|I|bytes|client|path: fetched from upstream for that client's request. Only Debian's
+# archive counts here: what it fetched from the lab mirror (labmirror/...) the mirror's log counts.
+ACNG_UPSTREAM_LINE = re.compile(r"^\d+\|I\|(?P<bytes>\d+)\|(?P<ip>[\d.]+)\|(?!labmirror/)")
 
 
 def log_offsets() -> dict[Path, int]:
-    return {path: _log_size(path) for path in (MIRROR_LOG, ACNG_LOG, REGISTRY_LOG)}
+    return {path: _log_size(path) for path in (MIRROR_LOG, ACNG_LOG, REGISTRY_LOG, REGISTRY_CACHE_LOG)}
 
 
 def upstream_bytes(offsets: dict[Path, int], nodes: list[str], caches: set[str]) -> tuple[int, int]:
@@ -111,25 +128,61 @@ def upstream_bytes(offsets: dict[Path, int], nodes: list[str], caches: set[str])
     return via_cache, direct
 
 
+def pytest_items(output: str) -> int | None:
+    """Items pytest ran (passed, failed, skipped, errors), from its closing summary line."""
+    lines = re.findall(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", output, re.MULTILINE)
+    if not lines:
+        return None
+    return sum(int(n) for n, _ in re.findall(r"(\d+) (\w+)", lines[-1]))
+
+
 def operations(debug_output: str) -> int:
     """Operations times hosts in a pyinfra --debug run (one debug line per operation and host)."""
     return len(re.findall(r"\] Starting operation \{.*\} on \S+\s*$", debug_output, re.MULTILINE))
 
 
-def fit_problems(size: int, mem_available_gb: float, disk_free_gb: float) -> list[str]:
-    """Why a lab of `size` nodes does not fit this machine (NODE_MEMORY_GB, NODE_DISK_GB), if it does not."""
+def fit_problems(
+    size: int, mem_available_gb: float, disk_free_gb: float, node_disk_gb: float = NODE_DISK_GB
+) -> list[str]:
+    """Why `size` nodes do not fit this machine (NODE_MEMORY_GB, `node_disk_gb`), if they do not."""
     problems = []
     if size * NODE_MEMORY_GB > mem_available_gb:
         problems.append(
             f"{size} nodes need ~{size * NODE_MEMORY_GB:.0f} GB of memory, "
             f"{mem_available_gb:.0f} GB available"
         )
-    if size * NODE_DISK_GB > disk_free_gb:
+    if size * node_disk_gb > disk_free_gb - DISK_RESERVE_GB:
         problems.append(
-            f"{size} nodes need ~{size * NODE_DISK_GB:.0f} GB of disk under {STATE}, "
-            f"{disk_free_gb:.0f} GB free"
+            f"{size} nodes need ~{size * node_disk_gb:.0f} GB of disk under {STATE}, "
+            f"{disk_free_gb:.0f} GB free ({DISK_RESERVE_GB:.0f} GB kept for the rest)"
         )
     return problems
+
+
+@contextlib.contextmanager
+def node_storage(compressed: bool):
+    """The nodes' root filesystems and Docker disks (tests/lab/paths.py NODES) as they are, or
+    on a zstd-compressed btrfs mounted there for the run: a sparse image file on the lab's disk,
+    removed afterwards. Needs NODES empty (no other lab up)."""
+    if not compressed:
+        yield "the lab's disk (ext4)"
+        return
+    if NODES.exists() and any(NODES.iterdir()):
+        raise LabError(f"{NODES} holds another lab's nodes: bring it down first (python -m tests.lab down)")
+    NODES.mkdir(parents=True, exist_ok=True)
+    free = machine_room()[1]
+    BTRFS_IMAGE.unlink(missing_ok=True)
+    with open(BTRFS_IMAGE, "wb") as f:
+        f.truncate(int((free - DISK_RESERVE_GB) * 1e9))
+    try:
+        run("mkfs.btrfs", "-q", BTRFS_IMAGE)
+        run("mount", "-o", "loop,compress=zstd:1,user_subvol_rm_allowed", BTRFS_IMAGE, NODES)
+        try:
+            yield "btrfs, compress=zstd:1, on a loop file (Docker on the nodes: its btrfs driver)"
+        finally:
+            subprocess.run(["umount", str(NODES)], check=False)
+    finally:
+        BTRFS_IMAGE.unlink(missing_ok=True)
 
 
 def machine_room() -> tuple[float, float]:
@@ -182,12 +235,15 @@ def measure(step: str, argv: list[str], addresses: list[str], caches: set[str] |
     result = timed(argv)
     fetched = _bytes_by_client(MIRROR_LOG, offsets[MIRROR_LOG], MIRROR_LINE)
     fetched.update(_bytes_by_client(ACNG_LOG, offsets[ACNG_LOG], ACNG_LINE))
+    fetched.update(_bytes_by_client(REGISTRY_CACHE_LOG, offsets[REGISTRY_CACHE_LOG], REGISTRY_LINE))
     per_node = [fetched.get(a, 0) for a in addresses]
     cmds = ssh_commands(result["out"])
     ops = operations(result["out"])
     via_cache, direct = upstream_bytes(offsets, addresses, caches or {"127.0.0.1"})
     cpu = result["cpu_controller"]
+    items = pytest_items(result["out"])
     result.update(
+        items_per_node=items / len(addresses) if items is not None and addresses else None,
         step=step,
         cmds_per_host=(sum(cmds.values()) / len(cmds)) if cmds else None,
         mb_per_node=(sum(per_node) / len(per_node) / 1e6) if per_node else 0,
@@ -203,6 +259,34 @@ def measure(step: str, argv: list[str], addresses: list[str], caches: set[str] |
     return result
 
 
+def fill_registry_cache(cluster_path: Path, addresses: list[str], caches: set[str]) -> dict:
+    """The row of registry.fill_cache for the cluster's task images (determined.task_image.*)."""
+    images = (yaml.safe_load(cluster_path.read_text()).get("determined") or {}).get("task_image") or {}
+    offsets = log_offsets()
+    t0 = time.monotonic()
+    registry.fill_cache(sorted(set(images.values())))
+    via_cache, direct = upstream_bytes(offsets, addresses, caches)
+    return {
+        **controller_step("fill the registry cache (controller)", time.monotonic() - t0),
+        "upstream_cache_mb": via_cache / 1e6,
+        "upstream_direct_mb": direct / 1e6,
+    }
+
+
+def controller_step(step: str, wall: float) -> dict:
+    """A row for work the bench does itself (booting, filling a cache): wall time only."""
+    return {
+        "step": step,
+        "wall": wall,
+        "rc": 0,
+        "peak_mb": None,
+        "cmds_per_host": None,
+        "mb_per_node": 0,
+        "cpu_controller": None,
+        "cpu_nodes": None,
+    }
+
+
 def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     path = workdir / f"cluster-{size}.yaml"
     path.write_text(cluster_yaml(size, octet))
@@ -211,20 +295,14 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     rows = []
     t0 = time.monotonic()
     spec = lifecycle.up(path, log=lambda *_: None)
-    rows.append(
-        {
-            "step": "lab up (boot)",
-            "wall": time.monotonic() - t0,
-            "rc": 0,
-            "peak_mb": None,
-            "cmds_per_host": None,
-            "mb_per_node": 0,
-            "cpu_controller": None,
-            "cpu_nodes": None,
-        }
-    )
+    rows.append(controller_step("lab up (boot)", time.monotonic() - t0))
+    # The caching point starts empty for each size's cold deploy, as a site's new one would, and
+    # the registry cache is filled once before it (docs/site-setup.md, registry.fill_cache).
+    services.clear_apt_cache()
+    registry.clear_cache()
     addresses = [str(n.address) for n in spec.nodes]
     caches = {"127.0.0.1", str(spec.controller_address)}
+    rows.append(fill_registry_cache(path, addresses, caches))
     deploy = [PYINFRA, "-y", "--debug", str(inventory), "deploy.py"]
     sharded = [sys.executable, "-m", "deploy.shards", str(inventory), "--debug"]
     try:
@@ -259,8 +337,8 @@ def table(rows: list[dict]) -> str:
     lines = [
         "| nodes | step | wall s | SSH cmds/host | MB fetched/node | controller peak MB "
         "| CPU s controller | CPU ms controller/node | CPU ms controller/op·host | CPU s nodes "
-        "| upstream MB via cache | upstream MB direct | exit |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| upstream MB via cache | upstream MB direct | pytest items/node | exit |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(value, fmt):
@@ -272,7 +350,7 @@ def table(rows: list[dict]) -> str:
             f"{r['mb_per_node']:.1f} | {num(r['peak_mb'], '.0f')} | {num(r['cpu_controller'], '.1f')} | "
             f"{num(r.get('cpu_ms_per_node'), '.0f')} | {num(r.get('cpu_ms_per_op'), '.2f')} | "
             f"{num(r['cpu_nodes'], '.1f')} | {num(r.get('upstream_cache_mb'), '.1f')} | "
-            f"{num(r.get('upstream_direct_mb'), '.1f')} | {r['rc']} |"
+            f"{num(r.get('upstream_direct_mb'), '.1f')} | {num(r.get('items_per_node'), '.1f')} | {r['rc']} |"
         )
     return "\n".join(lines)
 
@@ -292,16 +370,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.lab.bench", description=__doc__)
     parser.add_argument("--sizes", default="4,16,32,64")
     parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--storage",
+        choices=("auto", "disk", "btrfs"),
+        default="auto",
+        help="where the nodes' disks live: the lab's disk, a compressed btrfs (node_storage), or "
+        "the first unless the largest size does not fit there (default)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    # Each size is booted, measured and taken down before the next: the largest must fit.
-    problems = fit_problems(max(sizes), *machine_room())
+    # Each size is booted, measured and taken down before the next: the largest must fit, on
+    # the lab's disk or else on compressed storage (then every size uses it, for one baseline).
+    room = machine_room()
+    compressed = args.storage == "btrfs" or (args.storage == "auto" and bool(fit_problems(max(sizes), *room)))
+    problems = fit_problems(max(sizes), *room, NODE_DISK_GB_COMPRESSED if compressed else NODE_DISK_GB)
     if problems:
         for problem in problems:
             print(f"--sizes {args.sizes}: {problem}; nothing was booted", file=sys.stderr)
         return 2
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, node_storage(compressed) as storage:
         # The facts each host asks for are kept between runs (deploy/pyinfra_ext/factcache.py): start
         # without any, as an operator's first deploy does.
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
@@ -310,8 +398,8 @@ def main(argv=None) -> int:
             rows += bench_size(size, 40 + i, Path(tmp))
             print(table([r for r in rows if r["size"] == size]), flush=True)
     report = (
-        f"# Benchmarks\n\nMachine: {machine()}\n\nCommand: `python -m tests.lab.bench "
-        f"--sizes {args.sizes}`\n\n{table(rows)}\n"
+        f"# Benchmarks\n\nMachine: {machine()}; the nodes' disks: {storage}\n\n"
+        f"Command: `python -m tests.lab.bench --sizes {args.sizes}`\n\n{table(rows)}\n"
     )
     Path(args.out).write_text(report)
     print(report)

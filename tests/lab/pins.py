@@ -23,6 +23,11 @@ PINNED = ("mofed_tarball", "minio", "determined_master", "determined_agent")
 KEYRING = "cuda_keyring"
 
 
+# A URL's path inside the mirror: after the host, and after /labmirror/ when the URL goes
+# through the controller's apt-cacher-ng (tests/lab/services.py; the bench's clusters).
+MIRROR_PREFIX = re.compile(r"^https?://[^/]+/(labmirror/)?")
+
+
 def mirror_paths(cluster_path: Path) -> dict[str, str]:
     """Source name -> path inside the mirror of the artifact the lab's nodes fetch."""
     raw = yaml.safe_load(Path(cluster_path).read_text())
@@ -33,9 +38,9 @@ def mirror_paths(cluster_path: Path) -> dict[str, str]:
         url = raw["sources"][name]["url"]
         version = det_version if name.startswith("determined") else versions["mofed"]
         url = url.format(version=version, distro=LAB_DISTRO)
-        paths[name] = re.sub(r"^https?://[^/]+/", "", url)
+        paths[name] = MIRROR_PREFIX.sub("", url)
     repo = raw["sources"]["cuda_repo"].format(distro=LAB_DISTRO) + CUDA_KEYRING_DEB
-    paths[KEYRING] = re.sub(r"^https?://[^/]+/", "", repo)
+    paths[KEYRING] = MIRROR_PREFIX.sub("", repo)
     return paths
 
 

@@ -28,11 +28,13 @@ import io
 import json
 import os
 import re
+import shutil
 import ssl
 import stat
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -224,6 +226,76 @@ def ensure_daemon() -> None:
             "systemctl disable --now docker-registry, or free the port"
         )
     services._daemon("registry", [BINARY, "serve", str(CONFIG)], PORT, BINARY, host=LOCAL)
+
+
+# A pull-through cache in front of the lab registry, as docs/site-setup.md puts one in front of
+# Docker Hub at a site: the same Distribution binary with `proxy.remoteurl`, on CACHE_PORT of
+# every controller address, with the same certificate. The bench's clusters pull through it
+# (sources.registry = <controller>:5001): the lab registry then serves each layer to the cache,
+# not to each node. Distribution checks the remote's certificate with Go's TLS, which reads the
+# lab CA from SSL_CERT_FILE.
+CACHE_PORT = 5001
+CACHE_CONFIG, CACHE_STORAGE = DIR / "cache-config.yml", DIR / "cache-storage"
+
+
+def ensure_cache() -> None:
+    """The pull-through cache, running (the lab registry too)."""
+    from . import services
+
+    ensure_daemon()
+    CACHE_STORAGE.mkdir(parents=True, exist_ok=True)
+    text = (
+        "# The lab registry's pull-through cache (tests/lab/registry.py): Distribution 2.8.\n"
+        "version: 0.1\n"
+        "log:\n  level: info\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {CACHE_STORAGE}\n"
+        f"http:\n  addr: 0.0.0.0:{CACHE_PORT}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
+        f"proxy:\n  remoteurl: https://{LOCAL}:{PORT}\n"
+    )
+    if not CACHE_CONFIG.exists() or CACHE_CONFIG.read_text() != text:
+        CACHE_CONFIG.write_text(text)
+        services.stop_service("registry-cache", BINARY)
+    env = {**os.environ, "SSL_CERT_FILE": str(CA_CRT)}
+    services._daemon(
+        "registry-cache", [BINARY, "serve", str(CACHE_CONFIG)], CACHE_PORT, BINARY, host=LOCAL, env=env
+    )
+
+
+def clear_cache() -> None:
+    """The pull-through cache with nothing in it: a site's new cache before its first deploy."""
+    from . import services
+
+    services.stop_service("registry-cache", BINARY)
+    shutil.rmtree(CACHE_STORAGE, ignore_errors=True)
+    ensure_cache()
+
+
+def fill_cache(refs: list[str], timeout: float = 300) -> None:
+    """Pull each `name@sha256:...` through the pull-through cache once, from the controller, and
+    wait until the cache has stored every blob: what docs/site-setup.md asks a site to do before
+    its first cold deploy. Distribution 2.8 (registry/proxy/proxyblobstore.go ServeBlob) fetches
+    a blob it does not have twice from the remote (once for the client, once in the background
+    to store it), and once more for every request that arrives while that store is in flight:
+    N agents pulling into an empty cache at once cost the uplink N + 1 copies of each layer."""
+    cache = f"https://{LOCAL}:{CACHE_PORT}"
+    blobs = CACHE_STORAGE / "docker" / "registry" / "v2" / "blobs" / "sha256"
+    for ref in refs:
+        name, _, digest = ref.partition("@")
+        name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        status, _, body = _request(
+            "GET", f"{cache}/v2/{name}/manifests/{digest}", headers={"Accept": MANIFEST_TYPE}
+        )
+        _expect(status, (200,), f"manifest {ref} through the cache", body)
+        manifest = json.loads(body)
+        for blob in [manifest["config"], *manifest["layers"]]:
+            status, _, body = _request("GET", f"{cache}/v2/{name}/blobs/{blob['digest']}")
+            _expect(status, (200,), f"blob {blob['digest']} of {ref} through the cache", body)
+            stored = blobs / blob["digest"][7:9] / blob["digest"][7:] / "data"
+            deadline = time.monotonic() + timeout
+            while not (stored.exists() and stored.stat().st_size == blob["size"]):
+                if time.monotonic() > deadline:
+                    raise LabError(f"the registry cache did not store {blob['digest']} within {timeout:.0f}s")
+                time.sleep(0.2)
 
 
 # --- the registry's HTTP API v2 -------------------------------------------------------------

@@ -64,8 +64,10 @@ def test_operations_counts_one_debug_line_per_operation_and_host():
 def test_sizes_that_do_not_fit_are_refused_before_booting():
     assert bench.fit_problems(4, 23.0, 77.0) == []
     assert bench.fit_problems(64, 23.0, 77.0) == [
-        f"64 nodes need ~102 GB of disk under {bench.STATE}, 77 GB free"
+        f"64 nodes need ~102 GB of disk under {bench.STATE}, 77 GB free (8 GB kept for the rest)"
     ]
+    # On compressed node storage (node_storage) they fit.
+    assert bench.fit_problems(64, 23.0, 77.0, bench.NODE_DISK_GB_COMPRESSED) == []
     assert bench.fit_problems(128, 23.0, 500.0) == ["128 nodes need ~32 GB of memory, 23 GB available"]
     assert bench.main(["--sizes", "4,100000", "--out", "/nonexistent/x.md"]) == 2
 
@@ -84,14 +86,15 @@ def test_table_has_the_new_columns():
         "cpu_nodes": 1.0,
         "upstream_cache_mb": 0.0,
         "upstream_direct_mb": 12.5,
+        "items_per_node": None,
         "rc": 0,
     }
     header, _, line = bench.table([row]).splitlines()
     assert "CPU ms controller/op·host" in header and "upstream MB direct" in header
-    assert (
-        line
-        == "| 4 | no-op re-deploy, 2 shards | 3.0 | 4 | 0.0 | 70 | 2.0 | 500 | 1.45 | 1.0 | 0.0 | 12.5 | 0 |"
+    cells = (
+        "| 4 | no-op re-deploy, 2 shards | 3.0 | 4 | 0.0 | 70 | 2.0 | 500 | 1.45 | 1.0 | 0.0 | 12.5 | - | 0 |"
     )
+    assert line == cells
     # The boot row has none of them.
     boot = {k: None for k in row} | {
         "size": 4,
@@ -102,5 +105,36 @@ def test_table_has_the_new_columns():
     }
     assert (
         bench.table([boot]).splitlines()[2]
-        == "| 4 | lab up (boot) | 2.0 | - | 0.0 | - | - | - | - | - | - | - | 0 |"
+        == "| 4 | lab up (boot) | 2.0 | - | 0.0 | - | - | - | - | - | - | - | - | 0 |"
     )
+
+
+def test_pytest_items_counts_every_outcome_of_the_summary_line():
+    out = "matrix: x\n178 passed, 13 skipped in 13.48s\nverify x: all checks passed\n"
+    assert bench.pytest_items(out) == 191
+    assert bench.pytest_items("==== 3 failed, 1 passed, 2 errors in 1.00s ====") == 6
+    assert bench.pytest_items("pyinfra output, no summary") is None
+
+
+def test_bench_clusters_fetch_through_the_caching_point():
+    text = bench.cluster_yaml(4, 41)
+    assert "http://10.77.41.1:3142/labmirror/mofed/" in text
+    assert "registry: 10.77.41.1:5001" in text
+    assert ":8077" not in text and "10.77.0." not in text
+
+
+def test_what_apt_cacher_ng_fetched_from_the_lab_mirror_is_counted_once(tmp_path, monkeypatch):
+    # Through /labmirror/ the mirror's log already counts the bytes (to the cache, 127.0.0.1):
+    # apt-cacher-ng's own "I" line for them is not upstream a second time.
+    for name in ("MIRROR_LOG", "REGISTRY_LOG", "ACNG_LOG", "REGISTRY_CACHE_LOG"):
+        monkeypatch.setattr(bench, name, tmp_path / name)
+    offsets = bench.log_offsets()
+    (tmp_path / "MIRROR_LOG").write_text(
+        '127.0.0.1 - - [30/Nov/2026:16:51:40 +0000] "GET /mofed/x.tgz HTTP/1.1" 200 1000\n'
+    )
+    (tmp_path / "ACNG_LOG").write_text(
+        "1796057470|I|1000|10.77.40.10|labmirror/mofed/x.tgz\n"
+        "1796057470|O|1000|10.77.40.10|labmirror/mofed/x.tgz\n"
+        "1796057470|O|1000|10.77.40.11|labmirror/mofed/x.tgz\n"
+    )
+    assert bench.upstream_bytes(offsets, NODES, CACHES) == (1000, 0)
