@@ -195,18 +195,29 @@ def ensure_server_cert() -> None:
     csr.unlink()
 
 
-def write_config() -> None:
-    text = (
-        "# The lab registry (tests/lab/registry.py): Distribution 2.8's configuration format.\n"
+def config_text(title: str, storage: Path, port: int, extra: str = "") -> str:
+    """A Distribution 2.8 configuration serving `storage` with TLS on `port` of every address:
+    as the lab mirror (tests/lab/services.py), each lab's nodes reach it on their own controller
+    address (10.77.<n>.1)."""
+    return (
+        f"# {title} (tests/lab/registry.py): Distribution 2.8's configuration format.\n"
         "version: 0.1\n"
         "log:\n  level: info\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {STORAGE}\n  cache:\n    blobdescriptor: inmemory\n"
-        # Every address, as the lab mirror (tests/lab/services.py): each lab's nodes reach it on
-        # their own controller address (10.77.<n>.1).
-        f"http:\n  addr: 0.0.0.0:{PORT}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  cache:\n    blobdescriptor: inmemory\n"
+        f"http:\n  addr: 0.0.0.0:{port}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
+        f"{extra}"
     )
-    if not CONFIG.exists() or CONFIG.read_text() != text:
-        CONFIG.write_text(text)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def write_config() -> None:
+    write_if_changed(CONFIG, config_text("The lab registry", STORAGE, PORT))
 
 
 def ensure_daemon() -> None:
@@ -244,17 +255,10 @@ def ensure_cache() -> None:
 
     ensure_daemon()
     CACHE_STORAGE.mkdir(parents=True, exist_ok=True)
-    text = (
-        "# The lab registry's pull-through cache (tests/lab/registry.py): Distribution 2.8.\n"
-        "version: 0.1\n"
-        "log:\n  level: info\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {CACHE_STORAGE}\n"
-        f"http:\n  addr: 0.0.0.0:{CACHE_PORT}\n  tls:\n    certificate: {SERVER_CRT}\n    key: {SERVER_KEY}\n"
-        f"proxy:\n  remoteurl: https://{LOCAL}:{PORT}\n"
-    )
-    if not CACHE_CONFIG.exists() or CACHE_CONFIG.read_text() != text:
-        CACHE_CONFIG.write_text(text)
-        services.stop_service("registry-cache", BINARY)
+    proxy = f"proxy:\n  remoteurl: https://{LOCAL}:{PORT}\n"
+    text = config_text("The lab registry's pull-through cache", CACHE_STORAGE, CACHE_PORT, proxy)
+    if write_if_changed(CACHE_CONFIG, text):
+        services.stop_service("registry-cache", BINARY)  # it reads its configuration at start
     env = {**os.environ, "SSL_CERT_FILE": str(CA_CRT)}
     services._daemon(
         "registry-cache", [BINARY, "serve", str(CACHE_CONFIG)], CACHE_PORT, BINARY, host=LOCAL, env=env
