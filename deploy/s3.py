@@ -11,7 +11,10 @@ Messages never contain a key: S3Error text names the bucket and the error code o
 
 from __future__ import annotations
 
+import re
+import ssl
 import xml.etree.ElementTree as ET
+from urllib.parse import urlsplit
 
 import urllib3
 from minio import Minio
@@ -41,17 +44,37 @@ def client(
 ) -> Minio:
     """A client signing for storage.region; the root keys from cluster.yaml by default."""
     storage = cluster.storage
-    http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=timeout, read=timeout),
-        retries=urllib3.Retry(total=retries, backoff_factor=0.5, status_forcelist=[500, 502, 503, 504]),
-    )
     return Minio(
         endpoint(cluster),
         access_key=storage.access_key.value if access_key is None else access_key,
         secret_key=storage.secret_key.value if secret_key is None else secret_key,
         region=storage.region,
-        secure=False,
-        http_client=http,
+        secure=secure(cluster),
+        http_client=pool(cluster, timeout, retries),
+    )
+
+
+def secure(cluster: Cluster) -> bool:
+    """https (storage.tls): MinIO then serves nothing else."""
+    return cluster.storage.tls.enabled
+
+
+def pool(cluster: Cluster, timeout: float = 10.0, retries: int = 2) -> urllib3.PoolManager:
+    """The controller's connections to MinIO. With storage.tls they go to the management
+    address (endpoint()) but check the certificate against endpoint_url's host, the name it
+    holds (urllib3's server_hostname: SNI and the name matched), and against
+    storage.tls.ca_certificate when given (else the controller's system store)."""
+    tls = cluster.storage.tls
+    options: dict = {}
+    if tls.enabled:
+        options["server_hostname"] = urlsplit(cluster.storage.endpoint_url).hostname
+        options["cert_reqs"] = "CERT_REQUIRED"
+        if tls.ca_certificate is not None:
+            options["ca_cert_data"] = tls.ca_certificate.text
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        retries=urllib3.Retry(total=retries, backoff_factor=0.5, status_forcelist=[500, 502, 503, 504]),
+        **options,
     )
 
 
@@ -81,6 +104,20 @@ def _location(s3: Minio, bucket: str, region: str) -> str | None:
         raise
 
 
+def unreachable(e: Exception) -> str:
+    """Why a connection failed, in one line without keys: urllib3's MaxRetryError names only
+    the URL, its `reason` the cause (with storage.tls an SSLError such as "certificate verify
+    failed: IP address mismatch" or "unable to get local issuer certificate")."""
+    reason = getattr(e, "reason", None)
+    if isinstance(reason, (urllib3.exceptions.SSLError, ssl.SSLError)) or isinstance(e, ssl.SSLError):
+        return f"{type(reason or e).__name__}: {reason or e}"
+    if isinstance(reason, Exception):
+        # NewConnectionError's text starts with the connection object's repr: left out.
+        why = re.sub(r"^<[^>]*>: ", "", str(reason))
+        return f"{type(e).__name__} ({type(reason).__name__}: {why})"
+    return type(e).__name__
+
+
 def bucket_problem(cluster: Cluster, s3: Minio | None = None) -> str | None:
     """None when the bucket exists with location == storage.region, else what is wrong.
 
@@ -93,7 +130,7 @@ def bucket_problem(cluster: Cluster, s3: Minio | None = None) -> str | None:
     except S3Error as e:
         return f"MinIO at {endpoint(cluster)} refused the request: {e.code} ({e.message})"
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        return f"MinIO at {endpoint(cluster)} is not reachable: {type(e).__name__}"
+        return f"MinIO at {endpoint(cluster)} is not reachable: {unreachable(e)}"
     if location is None:
         return f"bucket {storage.bucket} does not exist"
     if location != storage.region:
@@ -126,7 +163,7 @@ def ensure_bucket(cluster: Cluster) -> bool:
         ) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise BucketError(
-            f"MinIO at {endpoint(cluster)} is not reachable from the controller: {type(e).__name__}: {e}"
+            f"MinIO at {endpoint(cluster)} is not reachable from the controller: {unreachable(e)}"
         ) from None
     if location != storage.region:
         raise BucketError(

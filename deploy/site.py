@@ -26,6 +26,7 @@ from roles import (
     hosts,
     ipoib,
     minio,
+    minio_tls,
     mofed,
     nccl,
     nvidia_driver,
@@ -53,6 +54,10 @@ def run() -> None:
     hosts.apply(cluster=cluster, node=node)
     ipoib.apply(cluster=cluster, node=node)
     firewall.apply(cluster=cluster, node=node)
+    # storage.tls.ca_certificate in every node's trust store (or gone): the master, pg-backup
+    # and trial containers (the agents' whole bundle, bind-mounted: so before any Determined
+    # role) reach MinIO over https.
+    minio_tls.apply(cluster=cluster, node=node)
     # Before the driver: its DKMS build makes nvidia-peermem only against MLNX_OFED's RDMA
     # headers (NVIDIA's GPUDirect RDMA docs: a driver installed first must be reinstalled).
     mofed.apply(cluster=cluster, node=node)

@@ -24,7 +24,8 @@ from pyinfra.operations import files, systemd
 from deploy import minio_iam
 from deploy.cluster import Cluster, Node
 from deploy.cluster.images import site_ref
-from roles import pg_backup
+from deploy.cluster.storage_tls import trial_address
+from roles import minio_tls, pg_backup
 from roles.determined_common import CONFIG_DIR, install_determined
 from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
 from roles.templates import files_path, render
@@ -42,20 +43,16 @@ def trial_endpoint(cluster: Cluster) -> str:
     Determined hands master.yaml's checkpoint_storage to every trial (it is the experiments'
     default) and its S3 config has no second, container-side endpoint. A single-agent trial
     runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/hosts.py),
-    so a node's hostname does not resolve there. https stays as written: the certificate
-    names the host, not the address.
+    so a node's hostname does not resolve there. With https the certificate names that address
+    too: deploy/cluster/storage_tls.py refuses one that does not.
     """
     url = cluster.storage.endpoint_url.rstrip("/")
     parts = urlsplit(url)
-    node = cluster.storage_node
-    names = {
-        node.hostname.lower(): node.address,
-        f"{node.hostname}-{node.ipoib_interface}".lower(): node.ipoib_address,
-    }
-    address = names.get((parts.hostname or "").rstrip(".").lower())
-    if parts.scheme != "http" or address is None:
+    address = trial_address(parts.hostname, cluster.storage_node)
+    if address is None:
         return url
-    netloc = f"{address}:{parts.port}" if parts.port is not None else str(address)
+    host = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
     return urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -87,6 +84,8 @@ def master_yaml(cluster: Cluster) -> str:
         shm_size_bytes=determined.shm_size_bytes,
         fabric_interface=fabric,
         fabric_interfaces=",".join(names),
+        # storage.tls.ca_certificate: the node's bundle with it (roles/minio_tls.py), read-only.
+        storage_ca=minio_tls.trial_bundle(cluster),
     )
 
 

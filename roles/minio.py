@@ -9,8 +9,9 @@ activate:  enabled and running; restarted only when binary, settings or unit cha
            waited for until /minio/health/ready answers
 bucket:    made from the controller with minio-py (deploy/s3.py) if missing; its location
            must read back as storage.region (MinIO's MINIO_SITE_REGION), or the host fails
-iam:       Determined's own user and its bucket-only policy (roles/minio_iam.py); the root keys
-           stay in /etc/default/minio and the deploy
+iam:       Determined's own user (the bucket, not backups/) and pg-backup's (backups/postgresql/
+           only), each with its policy (roles/minio_iam.py); the root keys stay in
+           /etc/default/minio and the deploy
 console:   storage.console: 127.0.0.1 only (default), every interface, or disabled (MINIO_BROWSER=off)
 """
 
@@ -25,7 +26,7 @@ from pyinfra.operations.util import any_changed
 
 from deploy import s3
 from deploy.cluster import Cluster, Node
-from roles.minio_iam import determined_user
+from roles import minio_iam, minio_tls
 from roles.shared_ops import (
     SecretBytes,
     env_file,
@@ -48,7 +49,7 @@ def server_options(cluster: Cluster) -> str:
     """MINIO_OPTS. The console's --console-address is ADDRESS:PORT like --address (minio/minio
     cmd/server-main.go, cmd/common-main.go): 127.0.0.1:<port> keeps it off the network."""
     storage = cluster.storage
-    options = f"--address :{storage.port}"
+    options = f"--address :{storage.port}{minio_tls.server_options(cluster)}"
     if storage.console == "localhost":
         return f"{options} --console-address 127.0.0.1:{storage.console_port}"
     if storage.console == "all":
@@ -162,8 +163,10 @@ def apply(cluster: Cluster, node: Node) -> None:
         mode="644",
     )
 
+    certs = minio_tls.certs(cluster)  # storage.tls: public.crt and private.key, or none
+
     # activate
-    changed = any_changed(binary, env, unit, mount)
+    changed = any_changed(binary, env, unit, mount, *certs)
     restart = systemd.service(
         name="Restart MinIO for its new binary or settings",
         service="minio.service",
@@ -175,12 +178,8 @@ def apply(cluster: Cluster, node: Node) -> None:
     running = systemd.service(
         name="MinIO enabled and running", service="minio.service", running=True, enabled=True
     )
-    wait_for_http(
-        f"http://127.0.0.1:{storage.port}/minio/health/ready", "MinIO", _if=any_changed(restart, running)
-    )
+    ready_url, resolve = minio_tls.ready_check(cluster)
+    wait_for_http(ready_url, "MinIO", resolve=resolve, _if=any_changed(restart, running))
 
     bucket(name=f"Bucket {storage.bucket} in region {storage.region} (from the controller)", cluster=cluster)
-    determined_user(
-        name=f"MinIO user {storage.determined_user}: bucket {storage.bucket} only (from the controller)",
-        cluster=cluster,
-    )
+    minio_iam.users(cluster)

@@ -1,8 +1,10 @@
-"""Determined's MinIO user, made through MinIO's admin API from the controller.
+"""The deploy's MinIO users (Determined's, pg-backup's), made through MinIO's admin API from the
+controller.
 
-Called by roles/minio.py after the bucket. The user, its canned policy and the mapping are
-read back first (deploy/minio_iam.py read_state): nothing to do is a no-op in pyinfra's plan,
-and a user whose policy or secret was changed on the server is written again.
+Called by roles/minio.py after the bucket, one operation per user (deploy/minio_iam.py
+users()). Each user, its canned policy and the mapping are read back first
+(deploy/minio_iam.py read_state): nothing to do is a no-op in pyinfra's plan, and a user whose
+policy or secret was changed on the server is written again.
 
 From the controller, not the storage node: the admin API needs MinIO's root keys, which the
 controller has anyway, and minio-py's MinioAdmin encrypts the new user's secret with them
@@ -21,18 +23,25 @@ from roles.shared_ops import on_controller
 
 
 @operation()
-def determined_user(cluster: Cluster):
-    """The user and its policy: a change only when MinIO differs from cluster.yaml.
+def scoped_user(cluster: Cluster, user: minio_iam.User):
+    """`user` and its policy: a change only when MinIO differs from cluster.yaml.
 
     Read again right before it runs (pyinfra re-runs this body then); on a first deploy
     MinIO is not up while the plan is made, so the plan counts it as a change.
     """
-    storage = cluster.storage
     try:
-        problems = minio_iam.read_state(cluster).problems
+        problems = minio_iam.read_state(cluster, user).problems
     except minio_iam.IamError as e:
         problems = [str(e)]
     if not problems:
-        host.noop(f"user {storage.determined_user} has policy {minio_iam.policy_name(storage)}")
+        host.noop(f"user {user.name} has policy {user.policy}")
         return
-    yield on_controller(lambda: minio_iam.ensure(cluster), minio_iam.IamError)
+    yield on_controller(lambda: minio_iam.ensure(cluster, user), minio_iam.IamError)
+
+
+def users(cluster: Cluster) -> None:
+    """One operation per user; its name says what the user may touch."""
+    for user in minio_iam.users(cluster.storage):
+        scoped_user(
+            name=f"MinIO user {user.name}: {user.scope} (from the controller)", cluster=cluster, user=user
+        )

@@ -3,14 +3,17 @@
 install:   /usr/local/sbin/pg-backup (files/pg_backup/pg-backup: Python's standard library
            only, as curl's --aws-sigv4 needs curl 7.75 and Ubuntu 20.04 ships 7.68)
 configure: /etc/pg-backup/pg-backup.conf (endpoint, bucket, prefix, database, how many to keep;
-           no secrets: the program reads the keys from the master's own 0600 S3 environment
-           file, so it holds exactly the keys determined-master holds, never in argv)
+           no secrets) and /etc/pg-backup/s3.env (root 0600, shared_ops.secret_file: the keys
+           of pg-backup's own MinIO user, storage.backup_user), both read by the program, so
+           the keys are never in argv or in pyinfra's output
 activate:  pg-backup.timer enabled and running: a `pg_dump -Fc` every night into
            s3://<bucket>/backups/postgresql/, the newest database.backup_keep kept
 
-The backups go into the checkpoint bucket under their own prefix: those are the only keys the
-master has (a dedicated bucket would need MinIO's root keys on the master). Anyone holding the
-checkpoint keys can read them; docs/operations.md says so.
+The backups go into the checkpoint bucket under their own prefix, signed by their own MinIO
+user (deploy/minio_iam.py, made by roles/minio_iam.py): it may put, get, delete and list under
+backups/postgresql/ and nothing else, and Determined's user (whose keys every trial holds) is
+denied backups/ outright. So a trial can neither read a dump (password hashes, experiment
+metadata) nor overwrite or delete one, and this program's keys cannot touch a checkpoint.
 
 roles/determined_master.py calls before_version_change() right before it installs another
 determined-master version, whose first start migrates the schema.
@@ -26,21 +29,23 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from deploy import minio_iam
 from deploy.cluster import Cluster, Node
-from roles.shared_ops import env_file, packages
+from roles.shared_ops import SecretBytes, env_file, packages, secret_file
 from roles.templates import files_path
 
 PROGRAM = "/usr/local/sbin/pg-backup"
 CONF_DIR = "/etc/pg-backup"
 CONF = f"{CONF_DIR}/pg-backup.conf"
+S3_ENV = f"{CONF_DIR}/s3.env"  # files/pg_backup/pg-backup reads the same path
 UNITS = ("pg-backup.service", "pg-backup.timer")
-PREFIX = "backups/postgresql/"
+PREFIX = minio_iam.BACKUP_PREFIX
 
 
 def conf(cluster: Cluster) -> str:
     return env_file(
         "Settings of /usr/local/sbin/pg-backup (roles/pg_backup.py). No secrets: the S3 keys\n"
-        "and region come from /etc/determined/master-s3.env.",
+        f"come from {S3_ENV} (root 0600).",
         {
             "PGB_ENDPOINT": cluster.storage.endpoint_url,
             "PGB_BUCKET": cluster.storage.bucket,
@@ -48,6 +53,18 @@ def conf(cluster: Cluster) -> str:
             "PGB_PREFIX": PREFIX,
             "PGB_DATABASE": cluster.database.name,
             "PGB_KEEP": str(cluster.database.backup_keep),
+        },
+    )
+
+
+def s3_env(cluster: Cluster) -> str:
+    storage = cluster.storage
+    return env_file(
+        "S3 keys of pg-backup's own MinIO user (storage.backup_user: backups/postgresql/ only),\n"
+        "read by /usr/local/sbin/pg-backup (roles/pg_backup.py). 0600 root.",
+        {
+            "AWS_ACCESS_KEY_ID": storage.backup_user,
+            "AWS_SECRET_ACCESS_KEY": minio_iam.backup_secret_key(storage),
         },
     )
 
@@ -91,6 +108,7 @@ def apply(cluster: Cluster, node: Node) -> None:
         group="root",
         mode="644",
     )
+    secret_file(name=f"Backup S3 keys {S3_ENV}", dest=S3_ENV, content=SecretBytes(s3_env(cluster)))
     units = [
         files.put(
             name=f"Backup unit {unit}",

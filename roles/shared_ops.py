@@ -188,17 +188,17 @@ def packages(names: list[str], what: str):
     return apt.packages(name=f"Install {what}", packages=names, extra_install_args=APT_LOCK_WAIT)
 
 
-def wait_for_http(url: str, what: str, seconds: int = 180, **kwargs):
-    """Poll `url` from the node until it answers 200; fails with a pointer to the journal."""
+def wait_for_http(url: str, what: str, seconds: int = 180, resolve: str | None = None, **kwargs):
+    """Poll `url` from the node until it answers 200; fails with a pointer to the journal.
+    resolve: curl's HOST:PORT:ADDRESS (https by the certificate's name, to another address)."""
     give_up = shlex.quote(f"{what} did not answer 200 at {url} within {seconds} s")
+    pin = f"--resolve {shlex.quote(resolve)} " if resolve else ""
     return server.shell(
         name=f"Wait until {what} is ready",
         commands=[
-            (
-                f"for i in $(seq {seconds}); do "
-                f"curl -fsS -o /dev/null --max-time 2 {shlex.quote(url)} && exit 0; sleep 1; done; "
-                f"echo {give_up} >&2; exit 1"
-            )
+            f"for i in $(seq {seconds}); do "
+            f"curl -fsS -o /dev/null --max-time 2 {pin}{shlex.quote(url)} && exit 0; sleep 1; done; "
+            f"echo {give_up} >&2; exit 1"
         ],
         **kwargs,
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from deploy.cluster import checks, credentials, hardware, images, storage_keys
+from deploy.cluster import checks, credentials, hardware, images, storage_keys, storage_tls
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -290,14 +290,7 @@ class Storage:
             "start without that mount)",
         ),
     ]
-    endpoint_url: Annotated[
-        str,
-        Key(
-            checks.url(("http", "https"), trailing_slash=False, path_allowed=False),
-            Computed("`http://<storage host>:<port>`"),
-            "where S3 clients reach MinIO",
-        ),
-    ]
+    endpoint_url: Annotated[str, storage_keys.ENDPOINT_URL]
     prefix: Annotated[str | None, Key(checks.key_prefix, None, "object key prefix for checkpoints")]
     access_key: Annotated[
         Secret,
@@ -310,6 +303,8 @@ class Storage:
         ),
     ]
     determined_user: Annotated[str, storage_keys.DETERMINED_USER]
+    backup_user: Annotated[str, storage_keys.BACKUP_USER]
+    tls: Annotated[storage_tls.StorageTls, storage_tls.SECTION]
 
 
 _IDENTIFIER = checks.matching(

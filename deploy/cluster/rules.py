@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from deploy.cluster import checks, hardware, images
+from deploy.cluster import checks, hardware, images, storage_tls
 from deploy.cluster.keys import (
     ArtifactKey,
     Key,
@@ -103,6 +103,8 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     sources = _sources(top)
     storage_map = open_section(top, Cluster, "storage")
     storage_values = read(storage_map, Storage, {"host": master_host})
+    tls_map = open_section(storage_map, Storage, "tls")
+    storage_values["tls"] = storage_tls.StorageTls(**read(tls_map, storage_tls.StorageTls))
     storage_host = storage_values["host"]
     determined = _determined(r, top, versions)
     roleless: list[tuple[str, object]] = []
@@ -112,6 +114,7 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     nodes = _nodes(r, top, network, master_host, storage_host, determined, roleless, cluster_hw)
     storage = _storage(r, storage_map, storage_values)
     _endpoint(r, storage_map, storage, nodes)
+    storage_tls.check_tls(r, storage_map, storage, nodes)
     database = Database(**read(open_section(top, Cluster, "database"), Database))
     _database_password(r, database)
     _determined_tag(r, sources, determined)
@@ -210,7 +213,7 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
     if port is not None and port == values["console_port"]:
         r.bad("storage.console_port", port, "must differ from storage.port")
     if not m.given("endpoint_url") and host is not None and port is not None:
-        values["endpoint_url"] = f"http://{host}:{port}"
+        values["endpoint_url"] = f"{storage_tls.default_scheme(values['tls'])}://{host}:{port}"
     data_dir = values["data_dir"]
     if data_dir is not None and data_dir.rstrip("/") == "":
         r.bad("storage.data_dir", data_dir, "must not be the root directory")
@@ -227,6 +230,25 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
     if root is not None and root.resolved and values["determined_user"] == root.value:
         # The value is the root user's name, a secret: not shown.
         r.add("storage.determined_user", "(not shown)", "must not be storage.access_key (MinIO's root user)")
+    # pg-backup's own user (deploy/minio_iam.py): a name shared with the root or Determined's
+    # user would give trials the backups, or the backups every right.
+    backup_user = values["backup_user"]
+    if root is not None and root.resolved and backup_user == root.value:
+        r.add("storage.backup_user", "(not shown)", "must not be storage.access_key (MinIO's root user)")
+    elif backup_user is not None and backup_user == values["determined_user"]:
+        r.bad(
+            "storage.backup_user",
+            backup_user,
+            "must differ from storage.determined_user (trials hold its keys)",
+        )
+    # Determined's user is denied backups/ (the database dumps): its checkpoints cannot go there.
+    prefix = values["prefix"]
+    if prefix is not None and (prefix.strip("/") + "/").startswith("backups/"):
+        r.bad(
+            "storage.prefix",
+            prefix,
+            "must not be under backups/ (the database backups; trials may not touch it)",
+        )
     return Storage(**values)
 
 

@@ -15,11 +15,24 @@ esac
 # curl reads it from the file and sends it to that host only, never from its command line.
 netrc=/etc/gpu-cluster/download.netrc
 mkdir -p "$(dirname "$dest")" && rm -f "$part" || exit 1
+# Does the login belong to this URL's host? The host as curl matches a netrc machine: without
+# scheme, user, port and path, in any case. Only the machine names are read from the file.
+host=${url#*://}; host=${host%%/*}; host=${host##*@}
+case $host in \[*) host=${host%%]*}] ;; *) host=${host%:*} ;; esac
+host=$(printf %s "$host" | tr A-Z a-z)
+login=
+if [ -f "$netrc" ]; then
+    for machine in $(awk '{ for (i = 1; i < NF; i++) if ($i == "machine") print $(i + 1) }' "$netrc"); do
+        [ "$(printf %s "$machine" | tr A-Z a-z)" = "$host" ] && login=yes
+    done
+fi
 # A minimal image may have neither curl nor wget before its first package install.
 if [ -f "$netrc" ] && command -v curl >/dev/null 2>&1; then
     curl -fsSL --retry 3 --netrc-file "$netrc" -o "$part" "$url"
-elif [ -f "$netrc" ]; then
-    echo "$artifact: the mirror login ($netrc) needs curl, which is not installed" >&2; exit 1
+elif [ -n "$login" ]; then
+    # wget reads only ~/.netrc and would need the password in its argv; Python's urllib sends
+    # no login: the mirror would answer 401. Other hosts need no login: the fallbacks below.
+    echo "$artifact: the mirror login for $host ($netrc) needs curl, which is not installed" >&2; exit 1
 elif command -v curl >/dev/null 2>&1; then
     curl -fsSL --retry 3 -o "$part" "$url"
 elif command -v wget >/dev/null 2>&1; then

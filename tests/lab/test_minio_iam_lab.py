@@ -1,9 +1,13 @@
-"""Determined's bucket-only MinIO user on the lab (deploy/minio_iam.py, roles/minio_iam.py).
+"""The deploy's MinIO users on the lab (deploy/minio_iam.py, roles/minio_iam.py): Determined's
+bucket-only user and pg-backup's backups-only user.
 
-- the deploy made the user, its policy and the mapping (read back through the admin API);
-- a second deploy changes nothing there;
+- the deploy made both users, their policies and the mappings (read back through the admin
+  API);
+- a second deploy changes nothing, on any host;
 - the keys trials get (master.yaml's checkpoint_storage) work in the bucket and are refused a
-  bucket creation, another bucket and the admin API, even changing their own password;
+  bucket creation, another bucket and the admin API, even changing their own password, and
+  reading, listing, overwriting and deleting the database backups (backups/postgresql/);
+- pg-backup signs with its own keys from its own root-only file and still takes a backup;
 - a policy widened and a secret changed on the server are repaired by the next deploy;
 - the console answers on the node's 127.0.0.1 and not on its management address.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import socket
 import uuid
 
@@ -22,6 +27,7 @@ from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 
 from deploy import minio_iam, s3
+from roles import pg_backup
 
 pytestmark = pytest.mark.lab
 
@@ -40,18 +46,137 @@ def trial_keys(cluster, lab_ssh) -> tuple[str, str]:
     return storage.get("access_key", ""), storage.get("secret_key", "")
 
 
-def test_deploy_made_user_policy_and_mapping(deployed, lab):
-    assert minio_iam.read_state(lab).problems == []
-    info = json.loads(minio_iam.admin_client(lab).user_info(lab.storage.determined_user))
-    assert info["status"] == "enabled"
-    assert info["policyName"] == minio_iam.policy_name(lab.storage)
+def test_deploy_made_users_policies_and_mappings(deployed, lab):
+    for user in minio_iam.users(lab.storage):
+        assert minio_iam.read_state(lab, user).problems == []
+        info = json.loads(minio_iam.admin_client(lab).user_info(user.name))
+        assert info["status"] == "enabled"
+        assert info["policyName"] == user.policy
 
 
-def test_second_deploy_changes_nothing_for_minio(deployed, lab, deploy):
-    run = deploy(limit=lab.storage_node.hostname)
+def test_second_deploy_changes_nothing(deployed, lab, deploy):
+    run = deploy()
     assert run.returncode == 0, run.stderr[-3000:]
-    minio_changes = [op for op in run.changed_operations() if "MinIO" in op or "Bucket" in op]
-    assert minio_changes == []
+    assert run.changed_operations() == []
+
+
+def _code(call) -> str:
+    try:
+        call()
+    except S3Error as e:
+        return e.code
+    return "allowed"
+
+
+def test_pg_backup_signs_with_its_own_keys(deployed, lab, lab_ssh):
+    master = lab.master_node.hostname
+    assert lab_ssh(master, f"stat -c '%U %G %a' {pg_backup.S3_ENV}").stdout.split() == ["root", "root", "600"]
+    assert lab_ssh(master, f"sed -n 's/^AWS_ACCESS_KEY_ID=//p' {pg_backup.S3_ENV}").stdout.strip() == (
+        f'"{lab.storage.backup_user}"'
+    )
+    lab_ssh(master, "systemctl start pg-backup.service")  # oneshot: returns when done
+    journal = lab_ssh(master, "journalctl -u pg-backup --no-pager -n 20").stdout
+    assert "backed up determined" in journal, journal
+    listed = lab_ssh(master, "pg-backup list").stdout.split()
+    assert listed and all(k.startswith(pg_backup.PREFIX) for k in listed), listed
+
+
+def test_trial_keys_are_denied_the_backups(deployed, lab, lab_ssh):
+    """With the keys every trial gets: a backup can be neither read, listed, overwritten nor
+    deleted; checkpoints still work (test_trial_keys_work_in_the_bucket_only)."""
+    master, bucket = lab.master_node.hostname, lab.storage.bucket
+    listed = lab_ssh(master, "pg-backup list").stdout.split()
+    if not listed:
+        lab_ssh(master, "systemctl start pg-backup.service")
+        listed = lab_ssh(master, "pg-backup list").stdout.split()
+    newest = listed[-1]
+    root = s3.client(lab)
+    before = root.stat_object(bucket, newest)
+    key, secret = trial_keys(lab, lab_ssh)
+    trial = s3.client(lab, key, secret)
+    refused = {
+        "read": _code(lambda: trial.get_object(bucket, newest).read()),
+        "stat": _code(lambda: trial.stat_object(bucket, newest)),
+        "list backups/postgresql/": _code(lambda: list(trial.list_objects(bucket, pg_backup.PREFIX))),
+        "list backups/": _code(lambda: list(trial.list_objects(bucket, "backups/", recursive=True))),
+        "overwrite": _code(lambda: trial.put_object(bucket, newest, io.BytesIO(b"x"), 1)),
+        "write a newer one": _code(
+            lambda: trial.put_object(bucket, f"{pg_backup.PREFIX}zz-by-a-trial.dump", io.BytesIO(b"x"), 1)
+        ),
+        "delete": _code(lambda: trial.remove_object(bucket, newest)),
+    }
+    assert refused == dict.fromkeys(refused, "AccessDenied")
+    after = root.stat_object(bucket, newest)
+    assert (after.etag, after.size) == (before.etag, before.size)
+    assert lab_ssh(master, "pg-backup list").stdout.split() == listed
+
+
+# Run inside a trial's image with boto3 (what Determined's checkpoint storage uses); the keys
+# come on stdin, never on a command line.
+IN_TRIAL = """
+import json, sys, uuid
+import boto3, botocore.exceptions
+c = json.load(sys.stdin)
+s3 = boto3.client("s3", endpoint_url=c["endpoint"], aws_access_key_id=c["key"],
+                  aws_secret_access_key=c["secret"], region_name=c["region"])
+b, dump, mine = c["bucket"], c["dump"], "lab/in-trial-" + uuid.uuid4().hex
+def code(call):
+    try:
+        call()
+    except botocore.exceptions.ClientError as e:
+        return e.response["Error"]["Code"]
+    return "allowed"
+print(json.dumps({
+    "get a backup": code(lambda: s3.get_object(Bucket=b, Key=dump)["Body"].read()),
+    "list backups": code(lambda: s3.list_objects_v2(Bucket=b, Prefix=c["prefix"])),
+    "overwrite a backup": code(lambda: s3.put_object(Bucket=b, Key=dump, Body=b"x")),
+    "delete a backup": code(lambda: s3.delete_object(Bucket=b, Key=dump)),
+    "put a checkpoint": code(lambda: s3.put_object(Bucket=b, Key=mine, Body=b"ckpt")),
+    "get a checkpoint": code(lambda: s3.get_object(Bucket=b, Key=mine)["Body"].read()),
+    "delete a checkpoint": code(lambda: s3.delete_object(Bucket=b, Key=mine)),
+}))
+"""
+
+
+def test_a_trial_container_cannot_touch_the_backups(deployed, lab, lab_ssh):
+    """The same from inside a task image on an agent, over the endpoint trials get."""
+    from deploy.cluster.images import site_ref
+
+    from .test_scheduler_lab import run_on
+
+    master = lab.master_node.hostname
+    listed = lab_ssh(master, "pg-backup list").stdout.split()
+    assert listed, "no backup to try (test_pg_backup_signs_with_its_own_keys makes one)"
+    text = lab_ssh(master, "cat /etc/determined/master.yaml").stdout
+    storage = (yaml.safe_load(text) or {}).get("checkpoint_storage") or {}
+    given = {
+        "endpoint": storage["endpoint_url"],
+        "key": storage["access_key"],
+        "secret": storage["secret_key"],
+        "region": lab.storage.region,
+        "bucket": lab.storage.bucket,
+        "prefix": pg_backup.PREFIX,
+        "dump": listed[-1],
+    }
+    image = shlex.quote(site_ref(lab, lab.determined.task_image.gpu))
+    agent = lab.agents[0].hostname
+    run = run_on(
+        lab,
+        agent,
+        f"docker run -i --rm --network bridge {image} python3 -c {shlex.quote(IN_TRIAL)}",
+        stdin=json.dumps(given),
+    )
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {
+        "get a backup": "AccessDenied",
+        "list backups": "AccessDenied",
+        "overwrite a backup": "AccessDenied",
+        "delete a backup": "AccessDenied",
+        "put a checkpoint": "allowed",
+        "get a checkpoint": "allowed",
+        "delete a checkpoint": "allowed",
+    }
+    assert lab_ssh(master, "pg-backup list").stdout.split() == listed
 
 
 def test_trial_keys_work_in_the_bucket_only(deployed, lab, lab_ssh):
@@ -96,7 +221,7 @@ def test_trial_keys_work_in_the_bucket_only(deployed, lab, lab_ssh):
 
 def test_changed_policy_and_secret_are_repaired(deployed, lab, deploy, lab_ssh):
     root = minio_iam.admin_client(lab)
-    name, user = minio_iam.policy_name(lab.storage), lab.storage.determined_user
+    name, user = minio_iam.determined(lab.storage).policy, lab.storage.determined_user
     root.policy_add(
         name,
         policy={

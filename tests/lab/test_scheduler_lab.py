@@ -29,6 +29,7 @@ SECRET_FILES = {
     "/etc/default/minio",
     "/etc/determined/master.yaml",
     "/etc/determined/master-s3.env",
+    "/etc/pg-backup/s3.env",
 }
 # Where a leaked secret would land on a node besides the journal and process list.
 SEARCHED = (
@@ -46,12 +47,13 @@ PATTERNS = "/root/.scheduler-lab-patterns"  # removed again by every test that w
 
 
 def secrets_of(cluster) -> list[str]:
-    from deploy.minio_iam import determined_secret_key
+    from deploy.minio_iam import backup_secret_key, determined_secret_key
 
     return [
         cluster.storage.access_key.value,
         cluster.storage.secret_key.value,
         determined_secret_key(cluster.storage),  # Determined's MinIO user (deploy/minio_iam.py)
+        backup_secret_key(cluster.storage),  # pg-backup's MinIO user
         cluster.database.password.value,
         cluster.determined.admin_password.value,
     ]

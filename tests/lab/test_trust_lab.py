@@ -262,6 +262,7 @@ SECRET_FILE_OPS = (
     "MinIO settings and credentials",
     "Master configuration",
     "Master S3 environment",
+    "Backup S3 keys",
     "Node key for the keyed digest",
     "Database role",
 )

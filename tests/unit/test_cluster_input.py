@@ -158,8 +158,6 @@ def with_storage(extra: str) -> str:
         ("endpoint_url: 'http://198.51.100.10:9000'", "http://198.51.100.10:9000"),
         ("endpoint_url: 'http://m1-ib0:9000'", "http://m1-ib0:9000"),
         ("port: 80, endpoint_url: 'http://m1'", "http://m1"),
-        ("port: 443, endpoint_url: 'https://m1'", "https://m1"),
-        ("port: 9100, endpoint_url: 'https://m1:9100'", "https://m1:9100"),
         ("host: a1, endpoint_url: 'http://a1:9000'", "http://a1:9000"),
         ("host: a1, port: 9100", "http://a1:9100"),
         ("port: 80", "http://m1:80"),
@@ -173,7 +171,6 @@ def test_endpoints_that_reach_minio(tmp_path, env, extra, url):
     "extra, why",
     [
         ("port: 443, endpoint_url: 'http://m1'", "has no port, so S3 clients would use 80"),
-        ("port: 80, endpoint_url: 'https://m1'", "has no port, so S3 clients would use 443"),
         ("console_port: 9100, endpoint_url: 'http://m1:9100'", "port 9100 is storage.console_port"),
         ("endpoint_url: 'http://a1-ib0:9000'", "points at a1-ib0, not at the storage node m1"),
         ("endpoint_url: 'http://minio:9000'", "points at minio, not at the storage node m1"),

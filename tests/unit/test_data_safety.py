@@ -18,6 +18,7 @@ from minio.signer import sign_v4_s3
 from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 
+from deploy import minio_iam
 from deploy.cluster import load_cluster
 from roles import minio, pg_backup, preflight
 from roles.shared_ops import env_file
@@ -72,6 +73,52 @@ def test_backup_conf_holds_no_secret(lab_cluster):
     assert lab_cluster.storage.secret_key.value not in text
     assert lab_cluster.storage.access_key.value not in text
     assert 'PGB_PREFIX="backups/postgresql/"' in text and 'PGB_KEEP="14"' in text
+
+
+def test_backup_keys_are_pg_backups_own(lab_cluster):
+    """/etc/pg-backup/s3.env: storage.backup_user's keys (deploy/minio_iam.py), not the
+    master's (Determined's, which every trial holds), and what the program reads."""
+    storage = lab_cluster.storage
+    text = pg_backup.s3_env(lab_cluster)
+    assert prog.S3_ENV == pg_backup.S3_ENV == "/etc/pg-backup/s3.env"
+    assert storage.secret_key.value not in text and minio_iam.determined_secret_key(storage) not in text
+    assert f'AWS_ACCESS_KEY_ID="{storage.backup_user}"' in text
+    assert f'AWS_SECRET_ACCESS_KEY="{minio_iam.backup_secret_key(storage)}"' in text
+    assert pg_backup.S3_ENV in pg_backup.conf(lab_cluster)
+
+
+def test_role_writes_the_keys_with_secret_file(monkeypatch, lab_cluster):
+    """The role's operations: the keys only through shared_ops.secret_file (root 0600, content
+    never in pyinfra's output), everything else plain files without a secret."""
+    calls = []
+
+    class Recorder:
+        def __init__(self, module):
+            self.module = module
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: calls.append((f"{self.module}.{name}", kwargs)) or name
+
+    for module in ("files", "systemd"):
+        monkeypatch.setattr(pg_backup, module, Recorder(module))
+    monkeypatch.setattr(pg_backup, "packages", lambda *a, **kw: None)
+    monkeypatch.setattr(pg_backup, "any_changed", lambda *ops: ops)
+    monkeypatch.setattr(pg_backup, "secret_file", lambda **kw: calls.append(("secret_file", kw)))
+    pg_backup.apply._inner(cluster=lab_cluster, node=lab_cluster.master_node)
+    (secret,) = [kw for name, kw in calls if name == "secret_file"]
+    assert secret["dest"] == pg_backup.S3_ENV and "mode" not in secret  # secret_file's 600 root
+    assert secret["content"].data.decode() == pg_backup.s3_env(lab_cluster)
+    assert "not shown" in str(secret["content"])
+    plain = [kw for name, kw in calls if name == "files.put"]
+    assert pg_backup.S3_ENV not in [kw["dest"] for kw in plain]
+    shown = [
+        str(kw) + (kw["src"].getvalue() if isinstance(kw.get("src"), io.StringIO) else "") for kw in plain
+    ]
+    for secret_value in (
+        lab_cluster.storage.secret_key.value,
+        minio_iam.backup_secret_key(lab_cluster.storage),
+    ):
+        assert not any(secret_value in text for text in shown)
 
 
 def test_read_env_undoes_env_file_escapes(tmp_path):

@@ -1,5 +1,7 @@
-"""Determined's bucket-only MinIO user: the model keys, the policy, the console options, and
-the deploy's admin-API calls (deploy/minio_iam.py) against the MinIO stand-in.
+"""The deploy's MinIO users (Determined's bucket-only one, pg-backup's backups-only one): the
+model keys, the policies, the console options, the deploy's admin-API calls
+(deploy/minio_iam.py, roles/minio_iam.py) and what each user's keys may do, against the MinIO
+stand-in.
 
 The stand-in runs as a process on 127.0.0.1 (like tests/unit/test_standin_minio.py); the
 cluster file is tests/unit/test_storage_roles.py's, whose storage node is 127.0.0.1.
@@ -7,23 +9,42 @@ cluster file is tests/unit/test_storage_roles.py's, whose storage node is 127.0.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
+import importlib.util
 import io
 import json
+from pathlib import Path
 
 import pytest
 from minio import Minio
 from minio.credentials import StaticProvider
+from minio.deleteobjects import DeleteObject
 from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
+from pyinfra.api import FunctionCommand
+from pyinfra.context import ctx_host
 
 from deploy import minio_iam
 from deploy.cluster import ClusterError, load_cluster
 from roles import minio
+from roles import minio_iam as roles_minio_iam
 from tests.unit.test_standin_minio import MinioProcess
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.verify.test_storage import parse_env_file
 
 ROOT_USER, ROOT_SECRET = "lab-root-user", "lab-Root-Secret-1"
+
+
+def _load_pg_backup_program():
+    path = Path(__file__).resolve().parents[2] / "files" / "pg_backup" / "pg-backup"
+    loader = importlib.machinery.SourceFileLoader("pg_backup_program_iam", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+pg_backup_program = _load_pg_backup_program()
 
 
 @pytest.fixture
@@ -48,17 +69,42 @@ def cluster_file(tmp_path, port=9000, prefix=None, **storage):
 def test_defaults(env, tmp_path):
     c = load_cluster(cluster_file(tmp_path))
     assert c.storage.determined_user == "determined"
+    assert c.storage.backup_user == "pg-backup"
     assert c.storage.console == "localhost"
 
 
-def test_determined_user_must_not_be_the_root_user_and_is_not_shown(env, tmp_path):
-    path = cluster_file(tmp_path, determined_user=ROOT_USER)
+@pytest.mark.parametrize("key", ["determined_user", "backup_user"])
+def test_users_must_not_be_the_root_user_and_it_is_not_shown(env, tmp_path, key):
+    path = cluster_file(tmp_path, **{key: ROOT_USER})
     with pytest.raises(ClusterError) as e:
         load_cluster(path)
     assert e.value.problems == [
-        f"{path}: storage.determined_user: (not shown): must not be storage.access_key (MinIO's root user)"
+        f"{path}: storage.{key}: (not shown): must not be storage.access_key (MinIO's root user)"
     ]
     assert ROOT_USER not in str(e.value.problems)
+
+
+def test_backup_user_must_not_be_determineds(env, tmp_path):
+    path = cluster_file(tmp_path, backup_user="determined")
+    with pytest.raises(ClusterError) as e:
+        load_cluster(path)
+    assert e.value.problems == [
+        f"{path}: storage.backup_user: 'determined': must differ from storage.determined_user "
+        "(trials hold its keys)"
+    ]
+
+
+@pytest.mark.parametrize("prefix", ["backups", "backups/team-a", "backups/postgresql"])
+def test_checkpoint_prefix_must_not_be_under_backups(env, tmp_path, prefix):
+    path = cluster_file(tmp_path, prefix=prefix)
+    with pytest.raises(ClusterError) as e:
+        load_cluster(path)
+    (problem,) = e.value.problems
+    assert problem.startswith(f"{path}: storage.prefix: '{prefix}': must not be under backups/")
+
+
+def test_checkpoint_prefix_beside_backups_is_fine(env, tmp_path):
+    assert load_cluster(cluster_file(tmp_path, prefix="backupsets/a")).storage.prefix == "backupsets/a"
 
 
 @pytest.mark.parametrize(
@@ -67,6 +113,7 @@ def test_determined_user_must_not_be_the_root_user_and_is_not_shown(env, tmp_pat
         ("determined_user", "ab", "3 to 20 letters"),
         ("determined_user", "'a,b=c'", "3 to 20 letters"),
         ("determined_user", "abcdefghijklmnopqrstu", "3 to 20 letters"),
+        ("backup_user", "'pg backup'", "3 to 20 letters"),
         ("console", "public", "must be one of localhost, all, disabled"),
     ],
 )
@@ -80,7 +127,7 @@ def test_bad_values(env, tmp_path, key, value, what):
 # --- secret and policy ------------------------------------------------------------------------
 
 
-def test_derived_secret_key(env, tmp_path):
+def test_derived_secret_keys(env, tmp_path):
     c = load_cluster(cluster_file(tmp_path))
     key = minio_iam.determined_secret_key(c.storage)
     assert len(key) == minio_iam.SECRET_KEY_LENGTH
@@ -88,11 +135,28 @@ def test_derived_secret_key(env, tmp_path):
     assert ROOT_SECRET not in key and key.replace("-", "").replace("_", "").isalnum()
     other = load_cluster(cluster_file(tmp_path, determined_user="trials"))
     assert minio_iam.determined_secret_key(other.storage) != key
+    # pg-backup's is its own: a trial holding Determined's key cannot compute it.
+    backup = minio_iam.backup_secret_key(c.storage)
+    assert len(backup) == minio_iam.SECRET_KEY_LENGTH and backup != key
+    assert backup == minio_iam.secret_key(c.storage, "pg-backup")
+
+
+DENY_ADMIN = {"Effect": "Deny", "Action": ["admin:CreateServiceAccount", "admin:CreateUser"]}
+DENY_BACKUPS = [
+    {"Effect": "Deny", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::det-checkpoints/backups/*"]},
+    {
+        "Effect": "Deny",
+        "Action": ["s3:ListBucket"],
+        "Resource": ["arn:aws:s3:::det-checkpoints"],
+        "Condition": {"StringLike": {"s3:prefix": ["backups/*"]}},
+    },
+]
 
 
 def test_policy_without_prefix(env, tmp_path):
     storage = load_cluster(cluster_file(tmp_path)).storage
-    doc = minio_iam.policy_document(storage)
+    user = minio_iam.determined(storage)
+    doc = user.document
     assert doc["Version"] == "2012-10-17"
     allow = [s for s in doc["Statement"] if s["Effect"] == "Allow"]
     assert allow == [
@@ -113,27 +177,50 @@ def test_policy_without_prefix(env, tmp_path):
             "Resource": ["arn:aws:s3:::det-checkpoints/*"],
         },
     ]
-    assert {"Effect": "Deny", "Action": ["admin:CreateServiceAccount", "admin:CreateUser"]} in doc[
-        "Statement"
-    ]
-    assert not any(a == "*" or a.endswith(":*") for s in doc["Statement"] for a in s["Action"])
-    assert minio_iam.policy_name(storage) == "determined-checkpoints"
+    assert [s for s in doc["Statement"] if s["Effect"] == "Deny"] == [*DENY_BACKUPS, DENY_ADMIN]
+    # A wildcard only where it takes rights away.
+    assert not any(a == "*" or a.endswith(":*") for s in allow for a in s["Action"])
+    assert (user.name, user.policy) == ("determined", "determined-checkpoints")
 
 
-def test_policy_with_prefix_covers_the_database_backups(env, tmp_path):
+def test_policy_with_prefix_leaves_the_backups_out(env, tmp_path):
+    storage = load_cluster(cluster_file(tmp_path, prefix="team-a/runs")).storage
+    doc = minio_iam.determined_policy(storage)
+    (objects,) = [s for s in doc["Statement"] if "s3:PutObject" in s["Action"] and s["Effect"] == "Allow"]
+    assert objects["Resource"] == ["arn:aws:s3:::det-checkpoints/team-a/runs/*"]
+    assert [s for s in doc["Statement"] if s["Effect"] == "Deny"] == [*DENY_BACKUPS, DENY_ADMIN]
+
+
+def test_backup_policy_is_what_pg_backup_does_under_its_prefix(env, tmp_path):
     from roles import pg_backup
 
     storage = load_cluster(cluster_file(tmp_path, prefix="team-a/runs")).storage
-    (objects,) = [s for s in minio_iam.policy_document(storage)["Statement"] if "s3:PutObject" in s["Action"]]
-    assert objects["Resource"] == [
-        "arn:aws:s3:::det-checkpoints/team-a/runs/*",
-        f"arn:aws:s3:::det-checkpoints/{pg_backup.PREFIX}*",
-    ]
-    assert minio_iam.BACKUP_PREFIX == pg_backup.PREFIX
+    user = minio_iam.backup(storage)
+    assert (user.name, user.policy) == ("pg-backup", "pg-backup-postgresql")
+    assert user.document == {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": ["arn:aws:s3:::det-checkpoints"],
+                "Condition": {"StringLike": {"s3:prefix": ["backups/postgresql/*"]}},
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
+                "Resource": ["arn:aws:s3:::det-checkpoints/backups/postgresql/*"],
+            },
+            DENY_ADMIN,
+        ],
+    }
+    assert pg_backup.PREFIX == minio_iam.BACKUP_PREFIX
+    assert minio_iam.BACKUP_PREFIX.startswith(minio_iam.RESERVED_PREFIX)
+    assert [u.name for u in minio_iam.users(storage)] == ["determined", "pg-backup"]
 
 
 def test_canonical_ignores_order_and_layout_only(env, tmp_path):
-    doc = minio_iam.policy_document(load_cluster(cluster_file(tmp_path)).storage)
+    doc = minio_iam.determined_policy(load_cluster(cluster_file(tmp_path)).storage)
     shuffled = json.loads(json.dumps(doc))
     shuffled["Statement"].reverse()
     for st in shuffled["Statement"]:
@@ -142,6 +229,16 @@ def test_canonical_ignores_order_and_layout_only(env, tmp_path):
     wider = json.loads(json.dumps(doc))
     wider["Statement"][0]["Resource"] = ["arn:aws:s3:::*"]
     assert minio_iam.canonical(wider) != minio_iam.canonical(doc)
+
+
+def test_canonical_reads_conditions_as_minio_prints_them(env, tmp_path):
+    doc = minio_iam.backup_policy(load_cluster(cluster_file(tmp_path)).storage)
+    printed = json.loads(json.dumps(doc))
+    # MinIO prints a condition's values as an array in set order; a lone string means the same.
+    printed["Statement"][0]["Condition"] = {"StringLike": {"s3:prefix": "backups/postgresql/*"}}
+    assert minio_iam.canonical(printed) == minio_iam.canonical(doc)
+    printed["Statement"][0]["Condition"] = {"StringLike": {"s3:prefix": ["backups/*"]}}
+    assert minio_iam.canonical(printed) != minio_iam.canonical(doc)
 
 
 # --- console ----------------------------------------------------------------------------------
@@ -183,13 +280,14 @@ def deployed(env, tmp_path, server):
     root = server.client(ROOT_SECRET, "us-east-1", ROOT_USER)
     root.make_bucket("det-checkpoints", location="us-east-1")
     root.make_bucket("other-bucket", location="us-east-1")
-    assert minio_iam.read_state(cluster).problems  # nothing there yet
-    done = minio_iam.ensure(cluster)
-    assert [d.split(" (")[0] for d in done] == [
-        "wrote policy determined-checkpoints",
-        "wrote user determined",
-        "set policy determined-checkpoints on user determined",
-    ]
+    for user in minio_iam.users(cluster.storage):
+        assert minio_iam.read_state(cluster, user).problems  # nothing there yet
+        done = minio_iam.ensure(cluster, user)
+        assert [d.split(" (")[0] for d in done] == [
+            f"wrote policy {user.policy}",
+            f"wrote user {user.name}",
+            f"set policy {user.policy} on user {user.name}",
+        ]
     return cluster
 
 
@@ -197,9 +295,14 @@ def trial_client(server, cluster) -> Minio:
     return server.client(minio_iam.determined_secret_key(cluster.storage), "us-east-1", "determined")
 
 
+def backup_client(server, cluster) -> Minio:
+    return server.client(minio_iam.backup_secret_key(cluster.storage), "us-east-1", "pg-backup")
+
+
 def test_second_ensure_changes_nothing(deployed):
-    assert minio_iam.read_state(deployed).problems == []
-    assert minio_iam.ensure(deployed) == []
+    for user in minio_iam.users(deployed.storage):
+        assert minio_iam.read_state(deployed, user).problems == []
+        assert minio_iam.ensure(deployed, user) == []
 
 
 def test_scoped_key_works_in_the_bucket_and_nowhere_else(deployed, server):
@@ -264,12 +367,147 @@ def test_drift_is_repaired(deployed, server):
     assert json.loads(root.user_info("determined"))["policyName"] == "determined-checkpoints"
 
 
+def _code(call) -> str:
+    try:
+        call()
+    except S3Error as e:
+        return e.code
+    return "allowed"
+
+
+def test_trial_keys_are_denied_the_backups(deployed, server):
+    """Read, list, overwrite, delete under backups/: AccessDenied, checkpoints still work."""
+    root = server.client(ROOT_SECRET, "us-east-1", ROOT_USER)
+    dump = "backups/postgresql/determined-20261130T023000Z-nightly.dump"
+    root.put_object("det-checkpoints", dump, io.BytesIO(b"PGDMP"), 5)
+    s3 = trial_client(server, deployed)
+    s3.put_object("det-checkpoints", "ckpt/b.bin", io.BytesIO(b"y"), 1)
+    refused = {
+        "get": _code(lambda: s3.get_object("det-checkpoints", dump)),
+        "stat": _code(lambda: s3.stat_object("det-checkpoints", dump)),
+        "overwrite": _code(lambda: s3.put_object("det-checkpoints", dump, io.BytesIO(b"x"), 1)),
+        "write beside": _code(lambda: s3.put_object("det-checkpoints", "backups/other", io.BytesIO(b"x"), 1)),
+        "delete": _code(lambda: s3.remove_object("det-checkpoints", dump)),
+        "list backups/postgresql/": _code(
+            lambda: list(s3.list_objects("det-checkpoints", "backups/postgresql/"))
+        ),
+        "list backups/": _code(lambda: list(s3.list_objects("det-checkpoints", "backups/", recursive=True))),
+    }
+    assert refused == dict.fromkeys(refused, "AccessDenied")
+    # minio-py's remove_objects (DeleteObjects) reports a refusal per key, not as an exception.
+    errors = list(s3.remove_objects("det-checkpoints", [DeleteObject(dump)]))
+    assert [e.code for e in errors] == ["AccessDenied"]
+    assert root.get_object("det-checkpoints", dump).read() == b"PGDMP"
+    # The rest of the bucket as before: checkpoints listed, read and deleted.
+    assert [o.object_name for o in s3.list_objects("det-checkpoints", "ckpt/")] == ["ckpt/b.bin"]
+    assert s3.get_object("det-checkpoints", "ckpt/b.bin").read() == b"y"
+    s3.remove_object("det-checkpoints", "ckpt/b.bin")
+
+
+def test_backup_keys_do_what_pg_backup_does_and_nothing_else(deployed, server, tmp_path):
+    """files/pg_backup/pg-backup's own requests with its own keys, then what it must not do."""
+    storage = deployed.storage
+    conf = {"PGB_ENDPOINT": f"http://127.0.0.1:{server.port}", "PGB_BUCKET": "det-checkpoints"}
+    keys = {"AWS_ACCESS_KEY_ID": "pg-backup", "AWS_SECRET_ACCESS_KEY": minio_iam.backup_secret_key(storage)}
+    bucket = pg_backup_program.Bucket({**conf, "PGB_REGION": "us-east-1"}, keys)
+    prefix = minio_iam.BACKUP_PREFIX
+    names = [f"{prefix}determined-2026113{i}T023000Z-nightly.dump" for i in range(3)]
+    for name in names:
+        bucket.request(
+            "PUT", name, body=io.BytesIO(b"PGDMP"), size=5, payload_hash=hashlib.sha256(b"PGDMP").hexdigest()
+        )
+    assert bucket.list(prefix) == names
+    sink = io.BytesIO()
+    bucket.request("GET", names[-1], sink=sink)
+    assert sink.getvalue() == b"PGDMP"
+    for old in pg_backup_program.expired(bucket.list(prefix), 1):
+        bucket.request("DELETE", old)
+    assert bucket.list(prefix) == names[-1:]
+
+    root = server.client(ROOT_SECRET, "us-east-1", ROOT_USER)
+    root.put_object("det-checkpoints", "ckpt/c.bin", io.BytesIO(b"z"), 1)
+    s3 = backup_client(server, deployed)
+    refused = {
+        "read a checkpoint": _code(lambda: s3.get_object("det-checkpoints", "ckpt/c.bin")),
+        "write a checkpoint": _code(lambda: s3.put_object("det-checkpoints", "ckpt/d", io.BytesIO(b"x"), 1)),
+        "delete a checkpoint": _code(lambda: s3.remove_object("det-checkpoints", "ckpt/c.bin")),
+        "list the bucket": _code(lambda: list(s3.list_objects("det-checkpoints", recursive=True))),
+        "list checkpoints": _code(lambda: list(s3.list_objects("det-checkpoints", "ckpt/"))),
+        "write elsewhere under backups/": _code(
+            lambda: s3.put_object("det-checkpoints", "backups/other", io.BytesIO(b"x"), 1)
+        ),
+        "another bucket": _code(lambda: list(s3.list_objects("other-bucket", prefix))),
+        "make a bucket": _code(lambda: s3.make_bucket("new-bucket", location="us-east-1")),
+    }
+    assert refused == dict.fromkeys(refused, "AccessDenied")
+    with pytest.raises(pg_backup_program.Failure, match="HTTP 403 AccessDenied"):
+        bucket.list("ckpt/")
+    admin = MinioAdmin(
+        endpoint=f"127.0.0.1:{server.port}",
+        credentials=StaticProvider("pg-backup", keys["AWS_SECRET_ACCESS_KEY"]),
+        region="us-east-1",
+        secure=False,
+    )
+    for call in (lambda: admin.user_add("pg-backup", "changed-by-someone"), admin.policy_list):
+        with pytest.raises(MinioAdminException) as e:
+            call()
+        assert minio_iam.error_code(e.value) == "AccessDenied"
+
+
+def test_backup_user_drift_is_repaired(deployed, server):
+    user = minio_iam.backup(deployed.storage)
+    root = minio_iam.admin_client(deployed)
+    root.policy_set("readwrite", user=user.name)
+    root.user_add(user.name, "someone-elses-secret")
+    state = minio_iam.read_state(deployed, user)
+    assert state.mapping and state.user and not state.policy
+    minio_iam.ensure(deployed, user)
+    assert minio_iam.read_state(deployed, user).problems == []
+    assert minio_iam.read_state(deployed).problems == []  # Determined's untouched
+
+
+class FakeHost:
+    def __init__(self):
+        self.noops: list[str] = []
+
+    def noop(self, message):
+        self.noops.append(message)
+
+
+def test_role_operation_is_a_noop_when_minio_matches(deployed):
+    fake = FakeHost()
+    with ctx_host.use(fake):
+        for user in minio_iam.users(deployed.storage):
+            assert list(roles_minio_iam.scoped_user._inner(deployed, user)) == []
+    assert fake.noops == [
+        "user determined has policy determined-checkpoints",
+        "user pg-backup has policy pg-backup-postgresql",
+    ]
+
+
+def test_role_operation_repairs_through_the_controller(deployed):
+    user = minio_iam.backup(deployed.storage)
+    minio_iam.admin_client(deployed).policy_set("readwrite", user=user.name)
+    fake = FakeHost()
+    with ctx_host.use(fake):
+        (command,) = roles_minio_iam.scoped_user._inner(deployed, user)
+    assert isinstance(command, FunctionCommand) and fake.noops == []
+    assert minio_iam.read_state(deployed, user).mapping  # nothing done until pyinfra runs it
+    logged = []
+    assert command.function(None, type("H", (), {"log": lambda self, line, f: logged.append(line)})())
+    assert logged == [
+        f"set policy {user.policy} on user pg-backup "
+        f"(user pg-backup has policies ['readwrite'], not [{user.policy}])"
+    ]
+    assert minio_iam.read_state(deployed, user).problems == []
+
+
 def test_errors_name_no_secret(env, tmp_path, server):
     cluster = load_cluster(cluster_file(tmp_path, port=server.port))
     bad = minio_iam.admin_client(cluster)
     bad._provider = StaticProvider(ROOT_USER, "wrong-secret-123")
     with pytest.raises(minio_iam.IamError) as e:
-        minio_iam.read_state(cluster, bad)
+        minio_iam.read_state(cluster, admin=bad)
     assert "SignatureDoesNotMatch" in str(e.value)
     assert ROOT_SECRET not in str(e.value) and minio_iam.determined_secret_key(cluster.storage) not in str(
         e.value
@@ -298,3 +536,22 @@ def test_stand_in_encrypts_like_madmin(server):
     assert policies["mine"]["Statement"] == [
         {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::b/*"]}
     ]
+
+
+def test_stand_in_refuses_listing_conditions_elsewhere_like_minio(server):
+    """minio/pkg policy: s3:prefix only with ListBucket(Versions); the deploy's policies pass."""
+    admin = MinioAdmin(
+        endpoint=f"127.0.0.1:{server.port}",
+        credentials=StaticProvider(ROOT_USER, ROOT_SECRET),
+        region="us-east-1",
+        secure=False,
+    )
+    statement = {
+        "Effect": "Deny",
+        "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads"],
+        "Resource": ["arn:aws:s3:::b"],
+        "Condition": {"StringLike": {"s3:prefix": ["backups/*"]}},
+    }
+    with pytest.raises(MinioAdminException) as e:
+        admin.policy_add("bad", policy={"Version": "2012-10-17", "Statement": [statement]})
+    assert minio_iam.error_code(e.value) == "XMinioMalformedIAMPolicy"

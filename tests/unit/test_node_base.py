@@ -159,6 +159,7 @@ def test_plan_follows_the_articles_checklist():
         ("hosts", None),
         ("ipoib", None),
         ("firewall", None),
+        ("minio_tls", None),  # storage.tls.ca_certificate in every node's trust store
         # MLNX_OFED before the driver (the article has it after): NVIDIA's GPUDirect RDMA
         # docs build nvidia-peermem only against an installed MLNX_OFED.
         ("mofed", None),

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import types
 import urllib.error
@@ -64,6 +65,8 @@ class MinioProcess:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIO_")}
         full_env.update(env)
         full_env["NOTIFY_SOCKET"] = str(self.notify_path)
+        # Like MinIO, the stand-in makes ${HOME}/.minio/certs/CAs without --certs-dir: not here.
+        full_env["HOME"] = str(tmp)
         self.log = tmp / f"minio-{self.port}.log"
         self.proc = subprocess.Popen(
             [
@@ -126,6 +129,7 @@ def server(tmp_path, server_env):
 
 def run_minio(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIO_")}
+    full_env["HOME"] = tempfile.mkdtemp(prefix="minio-home-")  # not the controller's ~/.minio
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],

@@ -518,6 +518,7 @@ def minio_server(tmp_path):
             "PATH": os.environ["PATH"],
             "MINIO_ROOT_USER": NASTY["T_ACCESS"],
             "MINIO_ROOT_PASSWORD": NASTY["T_SECRET"],
+            "HOME": str(tmp_path),  # the stand-in, like MinIO, makes ${HOME}/.minio/certs/CAs
         }
         if site_region:
             env["MINIO_SITE_REGION"] = site_region

@@ -102,8 +102,7 @@ def test_trial_endpoint(tmp_path, monkeypatch):
     assert endpoint("http://M1.:9000") == "http://127.0.0.1:9000"
     assert endpoint("http://m1-ib0:9000") == "http://10.78.9.10:9000"  # the IPoIB name
     assert endpoint("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
-    # A certificate names the host, not the address.
-    assert endpoint("https://m1:9000") == "https://m1:9000"
+    # https (storage.tls): tests/unit/test_storage_tls.py.
 
 
 # --- the image table ------------------------------------------------------------------------

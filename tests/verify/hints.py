@@ -147,6 +147,26 @@ HINTS: dict[str, Hint] = {
         "MinIO is not ready on its own node",
         "`journalctl -u minio` on {node}: MINIO_VOLUMES in /etc/default/minio, disk space",
     ),
+    "test_minio_serves_the_configured_certificate": Hint(
+        "MinIO's certificate fails a client's check (name, CA, or not storage.tls.certificate)",
+        "the error in the detail; the certificate must name storage.endpoint_url's host and chain "
+        "to storage.tls.ca_certificate; `journalctl -u minio` on {node}; " + REDEPLOY,
+    ),
+    "test_minio_serves_no_plain_http": Hint(
+        "storage.tls is set but MinIO answers plain http: its certificates are not loaded",
+        "`ls -l /etc/minio/certs` and MINIO_OPTS (--certs-dir) in /etc/default/minio on {node}; " + REDEPLOY,
+    ),
+    "test_minio_certs_as_configured": Hint(
+        "MinIO's certs directory differs from storage.tls (a stale copy of the private key, or "
+        "not the configured pair)",
+        "`ls -l /etc/minio/certs` on {node}; " + REDEPLOY,
+    ),
+    "test_storage_ca_trusted": Hint(
+        "the node's system trust store differs from storage.tls.ca_certificate: the master, "
+        "pg-backup or trial containers refuse MinIO's certificate",
+        "/usr/local/share/ca-certificates/gpu-cluster-storage-ca.crt and `update-ca-certificates` "
+        "on {node}; " + REDEPLOY,
+    ),
     "test_minio_site_region_matches": Hint(
         "MinIO's region differs from storage.region: every checkpoint upload fails "
         "('Connection refused'-like errors)",
@@ -175,12 +195,13 @@ HINTS: dict[str, Hint] = {
         "storage.determined_user in cluster.yaml; " + REDEPLOY + " (writes the scoped keys)",
     ),
     "test_determined_user_and_policy_as_deployed": Hint(
-        "Determined's MinIO user or its policy differs from cluster.yaml (changed on the "
-        "server, or the deploy did not finish): checkpoints may be refused or too open",
+        "Determined's or pg-backup's MinIO user or policy differs from cluster.yaml (changed on "
+        "the server, or the deploy did not finish): checkpoints or backups may be refused or too open",
         REDEPLOY + " (writes the policy, the user's secret and the mapping again)",
     ),
     "test_master_keys_confined_to_the_bucket": Hint(
-        "the keys trials hold can do more than read/write the checkpoint bucket",
+        "the keys trials hold can do more than read/write the checkpoint bucket (another bucket, "
+        "the admin API, or the database backups under backups/)",
         "`mc admin user info` / `mc admin policy info` for storage.determined_user; " + REDEPLOY,
     ),
     "test_console_listens_as_configured": Hint(
@@ -193,7 +214,7 @@ HINTS: dict[str, Hint] = {
     ),
     "test_secret_files_are_0600_root": Hint(
         "a secret file is missing or readable by others than root",
-        "`ls -l /etc/default/minio /etc/determined/` on {node}; " + REDEPLOY,
+        "`ls -l /etc/default/minio /etc/determined/ /etc/pg-backup/` on {node}; " + REDEPLOY,
     ),
     "test_data_dir_is_mount_point": Hint(
         "storage.data_dir is not a mount point: MinIO would keep objects on the root disk (an "

@@ -56,7 +56,8 @@ def remover(cluster):
                 access_key=cluster.storage.access_key.value,
                 secret_key=cluster.storage.secret_key.value,
                 region=region,
-                secure=False,
+                secure=s3.secure(cluster),
+                http_client=s3.pool(cluster),
             )
         bucket = cluster.storage.bucket
         try:

@@ -5,6 +5,10 @@ Determined's own MinIO user (storage.determined_user, deploy/minio_iam.py), conf
 checkpoint bucket; MinIO's root keys are only in /etc/default/minio; the console listens
 where storage.console says.
 
+storage.tls: MinIO serves the configured certificate, which names endpoint_url's host and
+chains to storage.tls.ca_certificate (a client's own handshake decides), and plain http on the
+S3 port gets no S3 answer; every node trusts the CA (or holds none without one).
+
 The article's symptom "checkpoint save fails with Permission denied -> bucket policy or wrong
 keys -> test with an S3 client against the endpoint" is test_master_credentials_write_and_read:
 it uses the keys the master's service really gets (its 0600 environment file, read over SSH),
@@ -16,12 +20,17 @@ because pytest prints both sides of a failed `==`.
 
 import contextlib
 import datetime
+import hashlib
+import http.client
 import io
-import urllib.error
-import urllib.request
+import shlex
+import socket
+import ssl
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
+import urllib3
 import yaml
 from minio import Minio
 from minio.credentials import StaticProvider
@@ -29,10 +38,11 @@ from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 
 from deploy import minio_iam, s3
+from roles import minio_tls
 
 ENV_FILES = {
     "storage": ("/etc/default/minio",),
-    "master": ("/etc/determined/master.yaml", "/etc/determined/master-s3.env"),
+    "master": ("/etc/determined/master.yaml", "/etc/determined/master-s3.env", "/etc/pg-backup/s3.env"),
 }
 
 
@@ -59,12 +69,17 @@ def parse_env_file(text: str) -> dict[str, str]:
     return values
 
 
-def _get(url: str) -> int:
+def _get(cluster, url: str) -> int | str:
+    """GET with the deploy's own pool: over https the certificate is checked by endpoint_url's
+    host and against storage.tls.ca_certificate (deploy/s3.py pool)."""
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as e:
-        return e.code
+        return s3.pool(cluster, retries=0).request("GET", url).status
+    except urllib3.exceptions.HTTPError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _scheme(cluster) -> str:
+    return "https" if s3.secure(cluster) else "http"
 
 
 def test_minio_service(storage, host_of):
@@ -77,13 +92,21 @@ def test_minio_service(storage, host_of):
 
 
 def test_minio_ready_from_controller(storage, cluster):
-    url = f"http://{storage.address}:{cluster.storage.port}/minio/health/ready"
-    assert _get(url) == 200, f"{url}: MinIO is not ready (journalctl -u minio on {storage.hostname})"
+    url = f"{_scheme(cluster)}://{storage.address}:{cluster.storage.port}/minio/health/ready"
+    got = _get(cluster, url)
+    assert got == 200, f"{url}: MinIO is not ready: {got} (journalctl -u minio on {storage.hostname})"
 
 
 def test_minio_ready_on_node(storage, host_of, cluster):
+    port = cluster.storage.port
+    if s3.secure(cluster):
+        # By the certificate's name, checked against the node's system store (roles/minio_tls.py).
+        name = urlsplit(cluster.storage.endpoint_url).hostname
+        where = f"--resolve {shlex.quote(f'{name}:{port}:127.0.0.1')} https://{name}:{port}"
+    else:
+        where = f"http://127.0.0.1:{port}"
     code = host_of(storage).check_output(
-        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.storage.port}/minio/health/ready"
+        f"curl -s -o /dev/null -w '%{{http_code}}' {where}/minio/health/ready"
     )
     assert code == "200"
 
@@ -111,7 +134,12 @@ def master_s3_env(cluster, host_of):
 
 def _client(cluster, access_key, secret_key, region) -> Minio:
     return Minio(
-        s3.endpoint(cluster), access_key=access_key, secret_key=secret_key, region=region, secure=False
+        s3.endpoint(cluster),
+        access_key=access_key,
+        secret_key=secret_key,
+        region=region,
+        secure=s3.secure(cluster),
+        http_client=s3.pool(cluster),
     )
 
 
@@ -174,16 +202,20 @@ def test_master_keys_are_determined_user_not_root(master_s3_env, cluster, host_o
 
 
 def test_determined_user_and_policy_as_deployed(cluster):
-    """The deploy's own reading through the admin API (root keys): nothing left to repair."""
-    try:
-        problems = minio_iam.read_state(cluster).problems
-    except minio_iam.IamError as e:
-        problems = [str(e)]
+    """The deploy's own reading through the admin API (root keys): nothing left to repair, for
+    Determined's user and for pg-backup's (storage.backup_user)."""
+    problems = []
+    for user in minio_iam.users(cluster.storage):
+        try:
+            problems += minio_iam.read_state(cluster, user).problems
+        except minio_iam.IamError as e:
+            problems.append(str(e))
     assert not problems, "; ".join(problems)
 
 
 def test_master_keys_confined_to_the_bucket(master_s3_env, cluster):
-    """The keys trials hold cannot create buckets, touch another bucket, see other buckets
+    """The keys trials hold cannot create buckets, touch another bucket, see other buckets,
+    list, read or delete the database backups (harmless if allowed: nothing is written there),
     or use the admin API (put/get/delete in the bucket: test_master_credentials_write_and_read)."""
     key, secret, region = (
         master_s3_env["AWS_ACCESS_KEY_ID"],
@@ -197,6 +229,12 @@ def test_master_keys_confined_to_the_bucket(master_s3_env, cluster):
         ("create a bucket", lambda: client.make_bucket(other, location=region)),
         ("write to another bucket", lambda: client.put_object(other, "x", io.BytesIO(b"x"), 1)),
         ("delete the bucket", lambda: client.remove_bucket(cluster.storage.bucket)),
+        ("list the backups", lambda: list(client.list_objects(cluster.storage.bucket, prefix=BACKUP_PREFIX))),
+        ("read a backup", lambda: client.stat_object(cluster.storage.bucket, f"{BACKUP_PREFIX}verify-none")),
+        (
+            "delete a backup",
+            lambda: client.remove_object(cluster.storage.bucket, f"{BACKUP_PREFIX}verify-none"),
+        ),
     ):
         try:
             call()
@@ -212,7 +250,11 @@ def test_master_keys_confined_to_the_bucket(master_s3_env, cluster):
     # MinIO lists a user the buckets it may list (cmd/bucket-handlers.go ListBucketsHandler).
     assert seen == [cluster.storage.bucket], f"the trials' keys see buckets {seen}"
     admin = MinioAdmin(
-        endpoint=s3.endpoint(cluster), credentials=StaticProvider(key, secret), region=region, secure=False
+        endpoint=s3.endpoint(cluster),
+        credentials=StaticProvider(key, secret),
+        region=region,
+        secure=s3.secure(cluster),
+        http_client=s3.pool(cluster),
     )
     try:
         admin.policy_list()
@@ -289,18 +331,20 @@ def test_backup_timer_active(cluster, host_of):
     assert result == "success", f"the last backup run ended with {result!r} (journalctl -u pg-backup)"
 
 
-def test_latest_backup_recent(master_s3_env, cluster, host_of):
-    """The newest object under backups/postgresql/ is at most a day (and a margin) old."""
+def test_latest_backup_recent(cluster, host_of):
+    """The newest object under backups/postgresql/ is at most a day (and a margin) old, listed
+    with pg-backup's own keys (its 0600 file on the master, storage.backup_user)."""
+    keys = parse_env_file(host_of(cluster.master_node).file("/etc/pg-backup/s3.env").content_string)
     client = _client(
         cluster,
-        master_s3_env["AWS_ACCESS_KEY_ID"],
-        master_s3_env["AWS_SECRET_ACCESS_KEY"],
-        master_s3_env["AWS_DEFAULT_REGION"],
+        keys.get("AWS_ACCESS_KEY_ID", ""),
+        keys.get("AWS_SECRET_ACCESS_KEY", ""),
+        cluster.storage.region,
     )
     try:
         objects = list(client.list_objects(cluster.storage.bucket, prefix=BACKUP_PREFIX, recursive=True))
     except S3Error as e:  # the nightly backup signs with the same keys: it fails the same way
-        pytest.fail(f"the master's keys cannot list {cluster.storage.bucket}/{BACKUP_PREFIX}: {e.code}")
+        pytest.fail(f"pg-backup's keys cannot list {cluster.storage.bucket}/{BACKUP_PREFIX}: {e.code}")
     if not objects:
         h = host_of(cluster.master_node)
         last = h.check_output("systemctl show -p LastTriggerUSec --value pg-backup.timer")
@@ -310,3 +354,82 @@ def test_latest_backup_recent(master_s3_env, cluster, host_of):
     newest = max(o.last_modified for o in objects)
     age = (datetime.datetime.now(datetime.UTC) - newest).total_seconds()
     assert age <= BACKUP_MAX_AGE, f"newest backup is {age / 3600:.1f} h old"
+
+
+# --- storage.tls ---------------------------------------------------------------------------
+
+
+def test_minio_serves_the_configured_certificate(storage, cluster):
+    """A client's own handshake: the certificate names endpoint_url's host and chains to
+    storage.tls.ca_certificate (else the controller's system store), and it is the one
+    cluster.yaml names (not one left from before)."""
+    tls = cluster.storage.tls
+    if not tls.enabled:
+        pytest.skip("storage.tls is not set: MinIO serves plain http")
+    name = urlsplit(cluster.storage.endpoint_url).hostname
+    context = ssl.create_default_context(cadata=tls.ca_certificate.text if tls.ca_certificate else None)
+    try:
+        with (
+            socket.create_connection((str(storage.address), cluster.storage.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname=name) as conn,
+        ):
+            served = conn.getpeercert(binary_form=True) or b""
+    except (ssl.SSLError, OSError) as e:
+        pytest.fail(f"no TLS session with MinIO at {storage.address}:{cluster.storage.port} as {name}: {e}")
+    configured = ssl.PEM_cert_to_DER_cert(
+        tls.certificate.text.split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----\n"
+    )
+    assert hashlib.sha256(served).digest() == hashlib.sha256(configured).digest(), (
+        "MinIO serves another certificate than storage.tls.certificate"
+    )
+
+
+def test_minio_serves_no_plain_http(storage, cluster):
+    if not cluster.storage.tls.enabled:
+        pytest.skip("storage.tls is not set: plain http is MinIO's protocol")
+    conn = http.client.HTTPConnection(str(storage.address), cluster.storage.port, timeout=10)
+    try:
+        conn.request("GET", "/minio/health/ready")
+        status = conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        status = None  # the connection dropped: no plain http either
+    finally:
+        conn.close()
+    assert status != 200, f"MinIO answers plain http on {storage.address}:{cluster.storage.port}"
+
+
+def test_minio_certs_as_configured(storage, host_of, cluster):
+    """public.crt (the configured certificates) and private.key (0600 minio-user) in the certs
+    directory with storage.tls; without it no directory: MinIO, started without --certs-dir,
+    would not read it (cmd/config-dir.go getDefaultCertsDir: ${HOME}/.minio/certs), but a
+    stale copy of the private key has no business on the node."""
+    h = host_of(storage)
+    tls = cluster.storage.tls
+    certs = h.file(minio_tls.CERTS_DIR)
+    if not tls.enabled:
+        assert not certs.exists, f"{minio_tls.CERTS_DIR} exists without storage.tls: a stale private key"
+        return
+    public, private = (
+        h.file(f"{minio_tls.CERTS_DIR}/public.crt"),
+        h.file(f"{minio_tls.CERTS_DIR}/private.key"),
+    )
+    assert public.exists and public.content_string == tls.certificate.text, (
+        "public.crt is not storage.tls.certificate"
+    )
+    assert (private.user, private.mode) == (minio_tls.USER, 0o600), "private.key is not 0600 minio-user"
+
+
+def test_storage_ca_trusted(node, host_of, cluster):
+    """storage.tls.ca_certificate in the node's system store (the master's Go runtime,
+    pg-backup's Python, and the file trial containers mount), or not there without one."""
+    h = host_of(node)
+    ca = cluster.storage.tls.ca_certificate
+    copy = h.file(minio_tls.SYSTEM_CA)
+    if ca is None:
+        assert not copy.exists, f"{minio_tls.SYSTEM_CA} is left without storage.tls.ca_certificate"
+        return
+    assert copy.exists and copy.content_string == ca.text, f"{minio_tls.SYSTEM_CA} is not the configured CA"
+    # update-ca-certificates(8) appends each certificate to the bundle: compare without line ends.
+    bundle = "".join(h.file("/etc/ssl/certs/ca-certificates.crt").content_string.split())
+    first = "".join(ca.text.split("-----END CERTIFICATE-----")[0].split())
+    assert first in bundle, "the CA is not in /etc/ssl/certs/ca-certificates.crt: update-ca-certificates"

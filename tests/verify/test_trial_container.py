@@ -100,6 +100,15 @@ def trial_environment(config: dict) -> list[str]:
     return [str(e) for e in env]
 
 
+def bind_flags(config: dict) -> list[str]:
+    """task_container_defaults.bind_mounts as Docker flags (storage.tls: the CA trials trust)."""
+    flags = []
+    for m in task_defaults(config).get("bind_mounts") or []:
+        readonly = ",readonly" if m.get("read_only") else ""
+        flags.append(f"--mount=type=bind,source={m['host_path']},target={m['container_path']}{readonly}")
+    return flags
+
+
 def device_flags(config: dict) -> list[str]:
     flags = []
     for d in task_defaults(config).get("devices") or []:
@@ -244,7 +253,9 @@ def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_con
         "secret_key": storage.get("secret_key"),
         "key": f"{prefix + '/' if prefix else ''}verify/{agent.hostname}-",
     }
-    flags = " ".join(shlex.quote(f"--env={e}") for e in env)
+    flags = " ".join(
+        [*(shlex.quote(f"--env={e}") for e in env), *map(shlex.quote, bind_flags(master_config))]
+    )
     command = (
         f"timeout {DOCKER_TIMEOUT} docker run --rm -i --network=bridge {flags} {shlex.quote(image)} "
         f"python3 -c {shlex.quote(S3_ROUND_TRIP)}"

@@ -1,0 +1,114 @@
+"""Throwaway CAs, certificates and keys for the storage.tls tests (unit and lab)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass
+class Issued:
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def key_pem(self, password: bytes | None = None, legacy: bool = False) -> bytes:
+        if password is None:
+            encryption: serialization.KeySerializationEncryption = serialization.NoEncryption()
+        else:
+            encryption = serialization.BestAvailableEncryption(password)
+        if legacy and password is not None:
+            # RFC 1423 "Proc-Type: 4,ENCRYPTED" (what Go's x509.IsEncryptedPEMBlock sees).
+            return self.key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, encryption
+            )
+        return self.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
+        )
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_ca(cn: str = "test storage CA") -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(cert, key)
+
+
+def make_server(ca: Issued, names: list[str], days: int = 30, cn: str = "minio") -> Issued:
+    """A server certificate for `names` (DNS names or IP addresses) issued by `ca`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    alt: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            alt.append(x509.DNSName(n))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1) + dt.timedelta(days=min(days, 0) * 2))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    return Issued(builder.sign(ca.key, hashes.SHA256()), key)
+
+
+def write(path: Path, data: bytes, mode: int = 0o644) -> str:
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def make_intermediate(ca: Issued, cn: str = "test storage intermediate CA") -> Issued:
+    """A CA certificate issued by `ca` (not self-signed)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    return Issued(cert, key)
