@@ -8,7 +8,7 @@ no-op re-deploy, the same through `python -m deploy.shards` (os.cpu_count() shar
 run, and the rebuild of one agent (blank root filesystem, then `deploy.py --limit` it); then it
 takes that lab down. Per step:
 wall seconds, SSH commands per host (from pyinfra's debug log), bytes each node fetched from
-the lab mirror and the apt proxy, the controller's peak memory, CPU seconds of the
+the lab mirror and the apt proxy, the peak memory of the controller's largest process, CPU seconds of the
 controller (the command and its children: pyinfra, deploy.shards' processes, pytest and its
 workers) in total, per node and per operation and host, CPU seconds of the rest of the
 machine, and the upstream bytes: what the lab's stand-ins for the vendors' servers (the
@@ -21,6 +21,7 @@ booting anything it checks that the largest size fits the machine's memory and d
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import re
@@ -202,24 +203,63 @@ def busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+# Every measured command is started by this small launcher, itself started before the bench
+# has read anything: Linux carries a process's peak RSS across fork and exec (exec_mmap records
+# the old address space's high-water mark in signal->maxrss), so a command forked by the bench
+# itself reports at least the bench's own size as its peak.
+LAUNCHER = r"""
+import json, os, subprocess, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    with open(req["out"], "w") as out:
+        proc = subprocess.Popen(
+            req["argv"], cwd=req["cwd"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+    done = {"status": status, "maxrss": usage.ru_maxrss, "cpu": usage.ru_utime + usage.ru_stime}
+    print(json.dumps(done), flush=True)
+"""
+
+
+class Launcher:
+    """The launcher process (LAUNCHER): one command at a time, over a pipe."""
+
+    _proc: subprocess.Popen | None = None
+
+    @classmethod
+    def run(cls, argv: list[str], cwd: Path, out: str) -> dict:
+        if cls._proc is None or cls._proc.poll() is not None:
+            cls._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", LAUNCHER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        assert cls._proc.stdin and cls._proc.stdout
+        cls._proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "out": out}) + "\n")
+        cls._proc.stdin.flush()
+        line = cls._proc.stdout.readline()
+        if not line:
+            raise LabError("the bench's launcher process ended")
+        return json.loads(line)
+
+
 def timed(argv: list[str], cwd=REPO) -> dict:
-    """Run a command; wall seconds, peak RSS (MB) of it and its children, output, and CPU
-    seconds: the command's own (the controller) and the rest of the machine's (the nodes)."""
+    """Run a command; wall seconds, peak RSS (MB) of its largest process (it or a child it
+    waited for), output, and CPU seconds: the command's own (the controller) and the rest of
+    the machine's (the nodes)."""
     busy0 = busy_cpu_seconds()
     t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.NamedTemporaryFile("r") as out:
+        done = Launcher.run(argv, cwd, out.name)
         wall = time.monotonic() - t0
-        out.seek(0)
         text = out.read()
-    peak = usage.ru_maxrss / 1024
-    controller = usage.ru_utime + usage.ru_stime
+    controller = done["cpu"]
     nodes = max(0.0, busy_cpu_seconds() - busy0 - controller)
     return {
         "wall": wall,
-        "rc": os.waitstatus_to_exitcode(status),
-        "peak_mb": peak,
+        "rc": os.waitstatus_to_exitcode(done["status"]),
+        "peak_mb": done["maxrss"] / 1024,
         "out": text,
         "cpu_controller": controller,
         "cpu_nodes": nodes,

@@ -49,6 +49,21 @@ def test_controller_cpu_counts_the_command_and_its_children():
     assert result["cpu_controller"] >= 0.25
 
 
+def test_peak_memory_is_the_commands_own_not_the_bench_processs():
+    """A command's peak RSS once counted the bench's own size at fork (Linux keeps the
+    high-water mark across fork and exec); the launcher keeps it to the command's."""
+    ballast = bytearray(400 * 1024 * 1024)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident in the bench process
+    small = bench.timed(["true"])
+    big = bench.timed(
+        [sys.executable, "-c", "x = bytearray(150 * 1024 * 1024); x[::4096] = b'y' * len(x[::4096])"]
+    )
+    assert small["rc"] == big["rc"] == 0
+    assert small["peak_mb"] < 50, small["peak_mb"]
+    assert 150 < big["peak_mb"] < 300, big["peak_mb"]
+    del ballast
+
+
 def test_operations_counts_one_debug_line_per_operation_and_host():
     out = "\n".join(
         [
