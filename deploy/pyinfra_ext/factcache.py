@@ -157,6 +157,49 @@ def wanted_entries(cls, args: tuple, kwargs: dict) -> list[str]:
 # plain data of a safe character set, since some facts put arguments into their shell command
 # unquoted. Anything else is left out: that fact is only read the usual way (slower).
 ALLOWED_FACT_MODULES = ("pyinfra.facts.", "deploy.facts.")
+# Of pyinfra's facts, only those this toolkit reads: the facts of the operations its roles call
+# (pyinfra 3.10 operations/apt.py, files.py, server.py, systemd.py, postgres.py and docker.image)
+# and those the roles read themselves. Another fact may take a program to run as an argument
+# (facts/pip.py PipPackages runs its `pip` argument), so an entry naming one is not read.
+PYINFRA_FACTS = frozenset(
+    {
+        "pyinfra.facts.apt:AptSources",
+        "pyinfra.facts.deb:DebPackage",
+        "pyinfra.facts.deb:DebPackages",
+        "pyinfra.facts.docker:DockerImage",
+        "pyinfra.facts.files:Block",
+        "pyinfra.facts.files:Directory",
+        "pyinfra.facts.files:File",
+        "pyinfra.facts.files:FileContents",
+        "pyinfra.facts.files:FindFiles",
+        "pyinfra.facts.files:FindInFile",
+        "pyinfra.facts.files:FindLinks",
+        "pyinfra.facts.files:Flags",
+        "pyinfra.facts.files:Link",
+        "pyinfra.facts.files:Md5File",
+        "pyinfra.facts.files:Sha1File",
+        "pyinfra.facts.files:Sha256File",
+        "pyinfra.facts.files:Sha384File",
+        "pyinfra.facts.postgres:PostgresDatabases",
+        "pyinfra.facts.postgres:PostgresRoles",
+        "pyinfra.facts.server:EtcHosts",
+        "pyinfra.facts.server:Groups",
+        "pyinfra.facts.server:Hostname",
+        "pyinfra.facts.server:Kernel",
+        "pyinfra.facts.server:KernelModules",
+        "pyinfra.facts.server:KernelVersion",
+        "pyinfra.facts.server:LinuxDistribution",
+        "pyinfra.facts.server:Mounts",
+        "pyinfra.facts.server:Os",
+        "pyinfra.facts.server:OsVersion",
+        "pyinfra.facts.server:Port",
+        "pyinfra.facts.server:Sysctl",
+        "pyinfra.facts.server:Users",
+        "pyinfra.facts.server:Which",
+        "pyinfra.facts.systemd:SystemdEnabled",
+        "pyinfra.facts.systemd:SystemdStatus",
+    }
+)
 FREE_COMMAND_FACTS = frozenset(
     {"pyinfra.facts.server:Command", "pyinfra.facts.apt:SimulateOperationWillChange"}
 )
@@ -221,6 +264,8 @@ def fact_class(name: str):
         return None
     module, _, qualname = name.partition(":")
     if not module.startswith(ALLOWED_FACT_MODULES) or not re.fullmatch(r"[A-Za-z_][\w.]*", module + qualname):
+        return None
+    if module.startswith("pyinfra.facts.") and name not in PYINFRA_FACTS:
         return None
     try:
         obj: Any = importlib.import_module(module)

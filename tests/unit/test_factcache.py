@@ -289,6 +289,43 @@ class Planted(FactBase):
         return "id"
 
 
+def test_a_pyinfra_fact_the_toolkit_does_not_read_is_not_run(tmp_path, monkeypatch):
+    """PipPackages runs its `pip` argument: a plain path that every argument check accepts."""
+    host = saved_host(tmp_path, monkeypatch, [["pyinfra.facts.pip:PipPackages", [], {"pip": "/var/tmp/x"}]])
+    assert factcache.load_wanted(host) == []
+
+
+def test_every_fact_the_lab_deploy_reads_is_allowed():
+    """The pyinfra facts a lab deploy recorded (pyinfra 3.10, this toolkit's roles): each one
+    on the allow-list, or the next run reads it the slow way."""
+    recorded = {
+        "pyinfra.facts.deb:DebPackages",
+        "pyinfra.facts.docker:DockerImage",
+        "pyinfra.facts.files:Block",
+        "pyinfra.facts.files:Directory",
+        "pyinfra.facts.files:File",
+        "pyinfra.facts.files:FileContents",
+        "pyinfra.facts.files:FindInFile",
+        "pyinfra.facts.files:Link",
+        "pyinfra.facts.files:Sha1File",
+        "pyinfra.facts.files:Sha256File",
+        "pyinfra.facts.postgres:PostgresDatabases",
+        "pyinfra.facts.server:Groups",
+        "pyinfra.facts.server:Hostname",
+        "pyinfra.facts.server:Kernel",
+        "pyinfra.facts.server:KernelVersion",
+        "pyinfra.facts.server:LinuxDistribution",
+        "pyinfra.facts.server:Os",
+        "pyinfra.facts.server:Port",
+        "pyinfra.facts.server:Users",
+        "pyinfra.facts.server:Which",
+        "pyinfra.facts.systemd:SystemdEnabled",
+        "pyinfra.facts.systemd:SystemdStatus",
+    }
+    assert recorded <= factcache.PYINFRA_FACTS
+    assert all(factcache.fact_class(name) is not None for name in factcache.PYINFRA_FACTS)
+
+
 @pytest.mark.parametrize(
     "entry",
     [
