@@ -11,7 +11,8 @@ database:  Determined's role and database. The password never leaves the control
            the current verifier's salt and an HMAC of it under a key kept on the node
            (deploy/facts/postgresql.py), so a changed password in cluster.yaml is noticed and
            set, an unchanged one is no change, and no output lets anyone test guesses.
-backups:   none here: docs/operations.md gives the pg_dump command for the operator to run.
+backups:   roles/pg_backup.py (a nightly pg_dump into MinIO, and one before any change of the
+           master's version)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ class DiskFreeGB(FactBase):
 
     # pyinfra's Mounts lists filesystems without their free space.
     def command(self, path):
-        return f"df -Pk {path} | tail -n 1"
+        return f"df -Pk -- {shlex.quote(path)} | tail -n 1"
 
     def process(self, output):
         fields = output[0].split()

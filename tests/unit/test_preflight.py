@@ -4,6 +4,7 @@ their tools print: /etc/os-release (through pyinfra's LinuxDistribution), `uname
 Determined download rules preflight's cluster file must pass."""
 
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from deploy.cluster import ClusterError, load_cluster
 from deploy.cluster.keys import specs
 from deploy.cluster.model import Preflight
 from deploy.cluster.rules import DB_PASSWORD_CHARACTERS
-from deploy.facts.system import SecureBootState, secure_boot_state
+from deploy.facts.system import DiskFreeGB, SecureBootState, secure_boot_state
 from roles.preflight import (
     certified_warning,
     os_label,
@@ -257,3 +258,11 @@ def test_lab_mirror_serves_the_same_path_as_the_release_server():
     paths = mirror_paths(REPO / "inventories/lab/cluster.yaml")
     for kind in ("master", "agent"):
         assert paths[f"determined_{kind}"] == GITHUB_ASSET.format(kind=kind)
+
+
+def test_the_disk_path_reaches_df_quoted():
+    """preflight.disk_path is checked for a safe character set, and quoted where it reaches the
+    shell all the same (one rule failing must not be enough)."""
+    command = DiskFreeGB().command("/data/my disk;id")
+    assert command == "df -Pk -- '/data/my disk;id' | tail -n 1"
+    assert shlex.split(command)[:4] == ["df", "-Pk", "--", "/data/my disk;id"]

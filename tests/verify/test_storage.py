@@ -313,7 +313,7 @@ def test_data_dir_is_mount_point(storage, host_of, cluster):
         pytest.skip("storage.data_on_root_disk: true (the root disk is intended)")
     h = host_of(storage)
     data_dir = cluster.storage.data_dir
-    assert h.run(f"mountpoint -q -- {data_dir}").rc == 0, f"{data_dir} is not a mount point"
+    assert h.run(f"mountpoint -q -- {shlex.quote(data_dir)}").rc == 0, f"{data_dir} is not a mount point"
     drop_in = h.file("/etc/systemd/system/minio.service.d/10-data-mount.conf")
     assert f"AssertPathIsMountPoint={data_dir}" in drop_in.content_string
 
