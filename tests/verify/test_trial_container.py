@@ -21,6 +21,12 @@ starts one.
 
 The containers run without the master: what the master adds to a real trial (its own
 environment, the harness) is not tried here; a test experiment does that.
+
+The three `docker run` checks share ONE container per agent (trial_probe), started as a trial
+is: --gpus all, the bridge network, task_container_defaults' devices, environment and bind
+mounts. A container start costs the node about a CPU-second, and verify runs these on every
+agent. Only when that container does not run (or prints no result) does each check start its
+own, so a failure still turns only its own cell red, with the same message as before.
 """
 
 import json
@@ -200,15 +206,20 @@ def host_gpus(h) -> set[str]:
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
-def test_gpu_container_sees_gpus_and_cuda_initialises(agent, host_of, cluster):
-    h = host_of(agent)
-    image = site_ref(cluster, cluster.determined.task_image.gpu)
+def gpu_alone(h, image: str) -> dict:
     run = h.run(
         f"timeout {DOCKER_TIMEOUT} docker run --rm --gpus all {shlex.quote(image)} "
         f"python3 -c {shlex.quote(IN_GPU_CONTAINER)}"
     )
     assert run.rc == 0, f"docker run --gpus all {image}: {(run.stderr or run.stdout).strip()[-600:]}"
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_gpu_container_sees_gpus_and_cuda_initialises(agent, host_of, cluster, master_config, probes):
+    h = host_of(agent)
+    image = site_ref(cluster, cluster.determined.task_image.gpu)
+    probe = trial_probe(h, agent, cluster, master_config, probes)
+    seen = json.loads(probe["gpu"]) if probe else gpu_alone(h, image)
     assert seen["smi_rc"] == 0, f"nvidia-smi in the container exited {seen['smi_rc']}: {seen['smi_err']}"
     rows = [[p.strip() for p in line.split(",")] for line in seen["smi"].splitlines() if line.strip()]
     drivers = {r[2] for r in rows if len(r) == 3}
@@ -237,32 +248,45 @@ def run_with_stdin(h, command: str, data: bytes, timeout: int = DOCKER_TIMEOUT) 
     return stdout.channel.recv_exit_status(), out, err
 
 
-def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_config):
-    h = host_of(agent)
+def s3_request(agent, master_config: dict) -> dict:
+    """What the round trip needs, keys included: it goes to the container on stdin only."""
     storage = master_config.get("checkpoint_storage") or {}
-    image = site_ref(cluster, cluster.determined.task_image.gpu)
-    env = trial_environment(master_config)
-    assert f"AWS_DEFAULT_REGION={cluster.storage.region}" in env, (
-        f"task_container_defaults gives trials no AWS_DEFAULT_REGION={cluster.storage.region}"
-    )
     prefix = str(storage.get("prefix") or "").strip("/")
-    request = {
+    return {
         "endpoint": storage.get("endpoint_url"),
         "bucket": storage.get("bucket"),
         "access_key": storage.get("access_key"),
         "secret_key": storage.get("secret_key"),
         "key": f"{prefix + '/' if prefix else ''}verify/{agent.hostname}-",
     }
-    flags = " ".join(
-        [*(shlex.quote(f"--env={e}") for e in env), *map(shlex.quote, bind_flags(master_config))]
-    )
+
+
+def trial_flags(master_config: dict) -> str:
+    """task_container_defaults' environment and bind mounts as quoted Docker flags."""
+    env = trial_environment(master_config)
+    return " ".join([*(shlex.quote(f"--env={e}") for e in env), *map(shlex.quote, bind_flags(master_config))])
+
+
+def s3_alone(h, image: str, request: dict, master_config: dict) -> str:
     command = (
-        f"timeout {DOCKER_TIMEOUT} docker run --rm -i --network=bridge {flags} {shlex.quote(image)} "
-        f"python3 -c {shlex.quote(S3_ROUND_TRIP)}"
+        f"timeout {DOCKER_TIMEOUT} docker run --rm -i --network=bridge {trial_flags(master_config)} "
+        f"{shlex.quote(image)} python3 -c {shlex.quote(S3_ROUND_TRIP)}"
     )
     rc, out, err = run_with_stdin(h, command, json.dumps(request).encode())
     assert rc == 0, f"docker run {image} on the bridge network exited {rc}: {err.strip()[-400:]}"
-    result = out.strip().splitlines()[-1] if out.strip() else "no output"
+    return out.strip().splitlines()[-1] if out.strip() else "no output"
+
+
+def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_config, probes):
+    h = host_of(agent)
+    image = site_ref(cluster, cluster.determined.task_image.gpu)
+    env = trial_environment(master_config)
+    assert f"AWS_DEFAULT_REGION={cluster.storage.region}" in env, (
+        f"task_container_defaults gives trials no AWS_DEFAULT_REGION={cluster.storage.region}"
+    )
+    request = s3_request(agent, master_config)
+    probe = trial_probe(h, agent, cluster, master_config, probes)
+    result = probe["s3"] if probe else s3_alone(h, image, request, master_config)
     assert result.startswith("ok"), (
         f"S3 round trip to {request['endpoint']} bucket {request['bucket']} from a bridge container: {result}"
     )
@@ -271,7 +295,7 @@ def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_con
 # --- InfiniBand in the container -----------------------------------------------------------------
 
 
-def test_infiniband_in_trial_container(agent, host_of, cluster, master_config):
+def test_infiniband_in_trial_container(agent, host_of, cluster, master_config, probes):
     h = host_of(agent)
     on_node = h.run("ls -1 /dev/infiniband 2>/dev/null")
     node_devices = set(on_node.stdout.split()) if on_node.rc == 0 else set()
@@ -282,11 +306,70 @@ def test_infiniband_in_trial_container(agent, host_of, cluster, master_config):
         )
         return
     image = site_ref(cluster, cluster.determined.task_image.gpu)
-    run = h.run(
-        f"timeout {DOCKER_TIMEOUT} docker run --rm {' '.join(shlex.quote(f) for f in flags)} "
-        f"{shlex.quote(image)} ls -1 /dev/infiniband"
-    )
-    why = (run.stderr or run.stdout).strip()[-400:]
-    assert run.rc == 0, f"a container with task_container_defaults' devices does not start: {why}"
-    missing = node_devices - set(run.stdout.split())
+    probe = trial_probe(h, agent, cluster, master_config, probes)
+    if probe:
+        seen = set(probe["ib"] or ())
+    else:
+        run = h.run(
+            f"timeout {DOCKER_TIMEOUT} docker run --rm {' '.join(shlex.quote(f) for f in flags)} "
+            f"{shlex.quote(image)} ls -1 /dev/infiniband"
+        )
+        why = (run.stderr or run.stdout).strip()[-400:]
+        assert run.rc == 0, f"a container with task_container_defaults' devices does not start: {why}"
+        seen = set(run.stdout.split())
+    missing = node_devices - seen
     assert not missing, f"/dev/infiniband in the container lacks {sorted(missing)}"
+
+
+# --- one container for the three checks above ------------------------------------------------
+
+# Runs the GPU and S3 programs above in turn (their stdout captured, the S3 request on their
+# stdin) and lists /dev/infiniband; everything arrives on stdin, nothing on the command line.
+IN_TRIAL_CONTAINER = """
+import contextlib, io, json, os, sys
+job = json.load(sys.stdin)
+def run(source, stdin_text):
+    out = io.StringIO()
+    sys.stdin = io.StringIO(stdin_text)
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(compile(source, "<probe>", "exec"), {"__name__": "__main__"})
+        except SystemExit:
+            pass
+        except Exception as e:
+            print("FAIL %s: %s" % (type(e).__name__, str(e)[:300]))
+    lines = out.getvalue().strip().splitlines()
+    return lines[-1] if lines else "no output"
+result = {"gpu": run(job["gpu"], ""), "s3": run(job["s3"], json.dumps(job["request"]))}
+result["ib"] = sorted(os.listdir("/dev/infiniband")) if os.path.isdir("/dev/infiniband") else None
+print("TRIAL-PROBE " + json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="session")
+def probes() -> dict[str, dict | None]:
+    """trial_probe's results per agent, in this worker (a node's checks run on one)."""
+    return {}
+
+
+def trial_probe(h, agent, cluster, master_config: dict, probes: dict) -> dict | None:
+    """The three checks' results from one container started as a trial is; None when it did
+    not run through (each check then starts its own container to say which part fails)."""
+    if agent.hostname not in probes:
+        image = site_ref(cluster, cluster.determined.task_image.gpu)
+        devices = " ".join(shlex.quote(f) for f in device_flags(master_config))
+        command = (
+            f"timeout {DOCKER_TIMEOUT} docker run --rm -i --gpus all --network=bridge {devices} "
+            f"{trial_flags(master_config)} {shlex.quote(image)} python3 -c {shlex.quote(IN_TRIAL_CONTAINER)}"
+        )
+        job = {"gpu": IN_GPU_CONTAINER, "s3": S3_ROUND_TRIP, "request": s3_request(agent, master_config)}
+        rc, out, _ = run_with_stdin(h, command, json.dumps(job).encode())
+        lines = [line for line in out.splitlines() if line.startswith("TRIAL-PROBE ")]
+        probe = json.loads(lines[-1].split(" ", 1)[1]) if rc == 0 and lines else None
+        if probe is not None:
+            try:
+                json.loads(probe["gpu"])  # the GPU program's own JSON line, or it failed early
+            except ValueError:
+                probe = None
+        probes[agent.hostname] = probe
+    return probes[agent.hostname]
