@@ -228,14 +228,21 @@ def _derive(root_secret: str, user: str) -> str:
 
 
 def secret_key(storage: Storage, user: str) -> str:
-    """The secret key of one of the deploy's users: derived from MinIO's root password with
-    scrypt, salted with the user's name (so each user's differs).
+    """The secret key of one of the deploy's users: the one cluster.yaml gives it
+    (storage.determined_secret_key / backup_secret_key), else derived from MinIO's root
+    password with scrypt, salted with the user's name (so each user's differs).
 
     One-way, so holding it (as every trial holds Determined's) does not give the root password
     nor another user's key away; a guessable root password could still be guessed from it,
     hence the docs ask for a long random storage.secret_key. 40 characters of [A-Za-z0-9_-]:
     safe in YAML and env files.
     """
+    given = {
+        storage.determined_user: storage.determined_secret_key,
+        storage.backup_user: storage.backup_secret_key,
+    }.get(user)
+    if given is not None:
+        return given.value
     return _derive(storage.secret_key.value, user)
 
 
@@ -328,7 +335,7 @@ def read_state(cluster: Cluster, user: User | None = None, admin: MinioAdmin | N
             "MINIO_ROOT_USER/PASSWORD in /etc/default/minio on the storage node"
         ) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {type(e).__name__}") from None
+        raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {s3.unreachable(e)}") from None
     if info.get("status") != "enabled":
         state.user = f"user {user.name} is {info.get('status') or 'not enabled'}"
     policies = sorted(p for p in str(info.get("policyName") or "").split(",") if p)
@@ -338,7 +345,7 @@ def read_state(cluster: Cluster, user: User | None = None, admin: MinioAdmin | N
         try:
             refused = _secret_signs(cluster, user)
         except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {type(e).__name__}") from None
+            raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {s3.unreachable(e)}") from None
         # Another refusal (AccessDenied) comes from the policy or mapping, read above.
         if refused in ("SignatureDoesNotMatch", "InvalidAccessKeyId"):
             state.user = f"user {user.name}'s secret key is not the one the deploy derives ({refused})"
@@ -370,7 +377,7 @@ def ensure(cluster: Cluster, user: User | None = None) -> list[str]:
             f"MinIO at {s3.endpoint(cluster)} refused to update {user.name}: {error_code(e)}"
         ) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {type(e).__name__}") from None
+        raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {s3.unreachable(e)}") from None
     left = read_state(cluster, user, admin).problems
     if left:
         raise IamError(f"MinIO still differs after the update: {'; '.join(left)}")

@@ -15,7 +15,8 @@ run the same command again.
 Options other than --timeout go to pyinfra (e.g. -v, --json: this command's own messages go
 to stderr, so stdout stays pyinfra's). The admin login is `admin` with
 determined.admin_password from cluster.yaml; DET_USER / DET_PASS override it, as for the
-`det` CLI, when the password was changed after the first boot. Exit status: pyinfra's when
+`det` CLI, when the master's admin password is not (yet) determined.admin_password (a deploy
+of the master sets it). Exit status: pyinfra's when
 the deploy fails, 3 when the deploy passed but the agents were not confirmed, 4 when the
 master refuses the login (HTTP 401/403: nothing was deployed, or the agents were not
 confirmed), 2 on bad usage.
@@ -36,6 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from deploy import master_http
 from deploy.cluster import Cluster, Node
 from deploy.summary import redact_argv
 
@@ -64,7 +66,7 @@ class Master:
     """The few REST calls a rebuild needs (Determined 0.38's /api/v1)."""
 
     def __init__(self, cluster: Cluster, timeout: float = 10):
-        self.url = f"http://{cluster.master_node.address}:{cluster.master_port}"
+        self.url = master_http.base_url(cluster)
         self.username = os.environ.get("DET_USER") or "admin"
         # Read only when a login happens; never printed.
         self._password = os.environ.get("DET_PASS") or cluster.determined.admin_password.value
@@ -78,14 +80,15 @@ class Master:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with master_http.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             if e.code in (401, 403):
                 raise MasterRefused(
                     f"the master at {self.url} refuses {self.username} ({method} {path}: "
                     f"HTTP {e.code}): set DET_USER/DET_PASS to an admin login that works "
-                    "(determined.admin_password is set on the master's first boot only)"
+                    "(the master has another admin password than determined.admin_password until "
+                    "a deploy of the master sets it)"
                 ) from None
             raw = e.read()
             try:
@@ -104,8 +107,8 @@ class Master:
                 self.token = self.request("POST", "/api/v1/auth/login", body, auth=False)["token"]
             except MasterError as e:
                 raise MasterError(
-                    f"login as {self.username} failed ({e}); if the admin password "
-                    "was changed after the first boot, set DET_USER/DET_PASS"
+                    f"login as {self.username} failed ({e}); if the master's admin password "
+                    "is not determined.admin_password, set DET_USER/DET_PASS"
                 ) from None
         return self.token
 

@@ -8,14 +8,15 @@ per_domain  one agent per NVLink domain, determined-agent@<i>.service: roles/det
             agent.yaml then holds no master_host, so starting the package's plain unit by
             mistake fails instead of offering the GPUs twice.
 
-configure: agent.yaml (per_node: from agent.yaml.j2; per_domain: agent.per_domain.yaml) and a
-           unit drop-in, written BEFORE the package (its postinst restarts an enabled agent;
-           dpkg keeps an existing conffile)
+configure: agent.yaml (per_node: from agent.yaml.j2; per_domain: agent.per_domain.yaml), a
+           unit drop-in and with determined.tls the master's CA (roles/determined_tls.py),
+           written BEFORE the package (its postinst restarts an enabled agent; dpkg keeps an
+           existing conffile)
 install:   determined-agent <version> from sources.determined_agent, sha256-verified;
            skipped when that version is installed
 activate:  per_node: every determined-agent@ instance stopped and disabled, its config and
            the template removed; then the plain unit enabled and running, restarted only when
-           agent.yaml or its drop-in changed and the package did not.
+           agent.yaml, its drop-in or the master's CA changed and the package did not.
            per_domain: see roles/determined_domains.py.
            Stale agents are stopped before new ones start, so no GPU is offered twice.
            The drop-in (and the same lines in the template) lift systemd's start limit: an
@@ -34,7 +35,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
-from roles import determined_domains
+from roles import determined_domains, determined_tls
 from roles.determined_common import CONFIG_DIR, agent_config, install_determined
 from roles.shared_ops import packages
 from roles.templates import files_path
@@ -81,13 +82,14 @@ def apply(cluster: Cluster, node: Node) -> None:
         group="root",
         mode="644",
     )
+    ca = determined_tls.agent_files(cluster)
 
     # install
     package = install_determined(cluster, "agent")
 
     # activate
     if per_domain:
-        determined_domains.activate(cluster, node, SERVICE, package)
+        determined_domains.activate(cluster, node, SERVICE, package, ca)
         return
 
     determined_domains.remove_all()
@@ -97,6 +99,6 @@ def apply(cluster: Cluster, node: Node) -> None:
         running=True,
         restarted=True,
         daemon_reload=True,
-        _if=lambda: (config.did_change() or drop_in.did_change()) and not package.did_change(),
+        _if=lambda: any(op.did_change() for op in (config, drop_in, *ca)) and not package.did_change(),
     )
     systemd.service(name="Agent enabled and running", service=SERVICE, running=True, enabled=True)

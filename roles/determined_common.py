@@ -10,6 +10,7 @@ from __future__ import annotations
 from pyinfra.api.operation import OperationMeta
 
 from deploy.cluster import Cluster
+from roles.determined_tls import agent_security
 from roles.shared_ops import verified_deb
 from roles.templates import render
 
@@ -44,4 +45,5 @@ def agent_config(cluster: Cluster, agent_id: str, visible_gpus: str | None, path
         resource_pool=determined.resource_pool,
         slot_type=determined.slot_type,
         visible_gpus=visible_gpus,
+        tls=agent_security(cluster),
     )

@@ -11,9 +11,9 @@ driver role's reboot, long after pyinfra prepared the plan, so deploy-level code
 GPU at all.
 
 activate:   instances of domains that no longer exist stopped and removed; then one instance
-            per domain, enabled and running, restarted only when its own config, the template
-            or the package changed. Stale agents go before new ones start, so no GPU is
-            offered twice.
+            per domain, enabled and running, restarted only when its own config, the template,
+            the package or the master's CA (determined.tls) changed. Stale agents go before
+            new ones start, so no GPU is offered twice.
 remove_all: on a per_node node, every instance stopped and disabled, its config, the
             template and an administrator's drop-ins for it removed.
 """
@@ -169,8 +169,11 @@ def no_domain_agents():
         yield from _retire(index, present[index])
 
 
-def activate(cluster: Cluster, node: Node, plain_unit: str, package: OperationMeta) -> None:
-    """The node's agents, one per NVLink domain, instead of the package's `plain_unit`."""
+def activate(
+    cluster: Cluster, node: Node, plain_unit: str, package: OperationMeta, ca: list[OperationMeta]
+) -> None:
+    """The node's agents, one per NVLink domain, instead of the package's `plain_unit`; `ca`:
+    the master's CA (or its removal), read by an agent only when it starts."""
     unit_off(name="Per-node agent stopped and disabled (one agent per domain here)", unit=plain_unit)
     template = files.put(
         name=f"Per-domain agent unit {TEMPLATE_UNIT}",
@@ -185,7 +188,7 @@ def activate(cluster: Cluster, node: Node, plain_unit: str, package: OperationMe
         cluster=cluster,
         node=node,
         template_changed=template.did_change,
-        package_changed=package.did_change,
+        package_changed=lambda: package.did_change() or any(op.did_change() for op in ca),
     )
 
 

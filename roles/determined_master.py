@@ -1,7 +1,8 @@
 """The Determined master on the master node (PostgreSQL comes first, from roles/postgresql).
 
 configure: /etc/determined/master.yaml (0600, from files/determined/master.yaml.j2), the S3
-           environment file (0600) and the unit drop-in that loads it. Written BEFORE the
+           environment file (0600), the unit drop-in that loads it, and with determined.tls
+           the certificate and key (roles/determined_tls.py). Written BEFORE the
            package: its postinst (re)starts the master through deb-systemd-invoke whenever the
            unit is enabled (always on an upgrade), and dpkg keeps an existing master.yaml (a
            conffile) instead of the package's default (port 8080, database host determined-db),
@@ -11,11 +12,13 @@ install:   determined-master <version> from sources.determined_master, sha256-ve
            backed up into MinIO first (roles/pg_backup.py): the new master migrates its schema
 activate:  enabled and running; restarted only when its configuration changed and the package
            did not (an upgrade's postinst has already restarted it with the files in place);
-           then waited for until GET /health answers 200 on master_port
+           then waited for until GET /health answers 200 on master_port (https by master_host,
+           checked against the master's CA, with determined.tls)
 """
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pyinfra.api import deploy
@@ -25,7 +28,7 @@ from deploy import minio_iam
 from deploy.cluster import Cluster, Node
 from deploy.cluster.images import site_ref
 from deploy.cluster.storage_tls import trial_address
-from roles import minio_tls, pg_backup
+from roles import determined_tls, minio_tls, pg_backup
 from roles.determined_common import CONFIG_DIR, install_determined
 from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
 from roles.templates import files_path, render
@@ -86,6 +89,7 @@ def master_yaml(cluster: Cluster) -> str:
         fabric_interfaces=",".join(names),
         # storage.tls.ca_certificate: the node's bundle with it (roles/minio_tls.py), read-only.
         storage_ca=minio_tls.trial_bundle(cluster),
+        tls=determined_tls.master_security(cluster),
     )
 
 
@@ -125,6 +129,8 @@ def apply(cluster: Cluster, node: Node) -> None:
         group="root",
         mode="644",
     )
+    # Before the package too: a master.yaml naming them would not start without them.
+    certs = determined_tls.master_files(cluster)
 
     # install
     pg_backup.before_version_change(cluster)
@@ -132,7 +138,7 @@ def apply(cluster: Cluster, node: Node) -> None:
 
     # activate
     def config_changed_alone() -> bool:
-        changed = config.did_change() or env.did_change() or drop_in.did_change()
+        changed = any(op.did_change() for op in (config, env, drop_in, *certs))
         return changed and not package.did_change()
 
     restart = systemd.service(
@@ -144,8 +150,12 @@ def apply(cluster: Cluster, node: Node) -> None:
         _if=config_changed_alone,
     )
     running = systemd.service(name="Master enabled and running", service=SERVICE, running=True, enabled=True)
+    url, resolve, env_vars = determined_tls.health_check(cluster)
+    with_env: dict[str, Any] = {"_env": env_vars} if env_vars else {}
     wait_for_http(
-        f"http://127.0.0.1:{cluster.master_port}/health",
+        url,
         "the Determined master",
+        resolve=resolve,
         _if=lambda: any(op.did_change() for op in (package, restart, running)),
+        **with_env,
     )

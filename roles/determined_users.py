@@ -4,7 +4,8 @@ Determined 0.38 creates `admin` and `determined` at the master's first start and
 security.initial_user_password (master/internal/core.go; its master-config reference: "Applies
 on first launch"); a later change of that setting changes nothing on the server, and a
 restored database keeps whatever it had. So, through the master's REST API on 127.0.0.1
-(files/determined/master-users.py, run with python3 from roles/pg_backup):
+(files/determined/master-users.py, run with python3 from roles/pg_backup; with determined.tls
+over https, checking master_host against /etc/determined/certs/master-ca.crt):
 - admin: the deploy logs in with determined.admin_password (master.yaml holds it, 0600). If
   the master refuses it, the deploy logs in as DET_USER/DET_PASS from the controller's
   environment (as the `det` CLI and deploy.rebuild read them) and sets admin's password to
@@ -28,6 +29,7 @@ from pyinfra.api import FileUploadCommand, StringCommand, deploy, operation
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.determined_users import MasterUsers, program_command
+from roles import determined_tls
 from roles.determined_master import MASTER_YAML
 from roles.shared_ops import fail
 
@@ -52,16 +54,19 @@ def settled(state: dict | None) -> bool:
 
 
 @operation()
-def built_in_users(port: int, config: str):
-    """admin logs in with the configured password, `determined` is inactive."""
-    state = host.get_fact(MasterUsers, port=port, config=config)
+def built_in_users(port: int, config: str, cert_name: str = "", cert_file: str = ""):
+    """admin logs in with the configured password, `determined` is inactive; over https by
+    cert_name against cert_file when both are given (determined.tls)."""
+    tls = (cert_name, cert_file) if cert_name and cert_file else None
+    over_tls = {"cert_name": cert_name, "cert_file": cert_file} if tls else {}
+    state = host.get_fact(MasterUsers, port=port, config=config, **over_tls)
     if settled(state):
         host.noop("admin logs in with determined.admin_password; the determined user is inactive")
         return
     if not state or state.get("admin") not in ("refused", "inactive"):
         # First start (the password already applies) or only `determined` to deactivate; the
         # program also waits for a master that is still starting.
-        yield StringCommand(program_command("apply", port, config))
+        yield StringCommand(program_command("apply", port, config, tls=tls))
         return
     login = operator_login()
     if login is None:
@@ -74,7 +79,7 @@ def built_in_users(port: int, config: str):
         io.BytesIO(json.dumps(login).encode()), temp, remote_temp_filename=host.get_temp_filename(temp)
     )
     yield StringCommand(
-        f"{program_command('apply', port, config, temp)}; status=$?; rm -f {quoted}; exit $status"
+        f"{program_command('apply', port, config, temp, tls=tls)}; status=$?; rm -f {quoted}; exit $status"
     )
 
 
@@ -84,4 +89,7 @@ def apply(cluster: Cluster, node: Node) -> None:
         name="Determined users: admin's password is determined.admin_password, `determined` inactive",
         port=cluster.master_port,
         config=MASTER_YAML,
+        # master-ca.crt is on the master node too (roles/determined_tls.py).
+        cert_name=cluster.master_host if determined_tls.enabled(cluster) else "",
+        cert_file=determined_tls.MASTER_CA if determined_tls.enabled(cluster) else "",
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from deploy.cluster import checks, credentials, hardware, images, storage_keys, storage_tls
+from deploy.cluster import checks, credentials, hardware, images, master_tls, storage_keys, storage_tls
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -304,6 +304,8 @@ class Storage:
     ]
     determined_user: Annotated[str, storage_keys.DETERMINED_USER]
     backup_user: Annotated[str, storage_keys.BACKUP_USER]
+    determined_secret_key: Annotated[Secret | None, storage_keys.DETERMINED_SECRET_KEY]
+    backup_secret_key: Annotated[Secret | None, storage_keys.BACKUP_SECRET_KEY]
     tls: Annotated[storage_tls.StorageTls, storage_tls.SECTION]
 
 
@@ -405,6 +407,7 @@ class Determined:
     memlock_bytes: Annotated[
         int, Key(images.memlock, -1, "`ulimit -l` of every container on the agents, bytes; -1: unlimited")
     ]
+    tls: Annotated[master_tls.DeterminedTls, master_tls.SECTION]
 
 
 _by_preset = hardware.preset_key  # a key whose default comes from `preset`

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from deploy.cluster import checks, hardware, images, storage_tls
+from deploy.cluster import checks, hardware, images, master_tls, storage_tls
 from deploy.cluster.keys import (
     ArtifactKey,
     Key,
@@ -106,7 +106,7 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     tls_map = open_section(storage_map, Storage, "tls")
     storage_values["tls"] = storage_tls.StorageTls(**read(tls_map, storage_tls.StorageTls))
     storage_host = storage_values["host"]
-    determined = _determined(r, top, versions)
+    determined = _determined(r, top, versions, master_host)
     roleless: list[tuple[str, object]] = []
     hw_map = open_section(top, Cluster, "hardware")
     hw_values = read(hw_map, Hardware)
@@ -241,6 +241,19 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
             backup_user,
             "must differ from storage.determined_user (trials hold its keys)",
         )
+    # A user's own secret equal to the root password (or the other user's) would hand trials
+    # the root account (or the backups). The values are secrets: not shown.
+    root_secret = values["secret_key"]
+    seen: dict[str, str] = {}
+    if root_secret is not None and root_secret.resolved:
+        seen[root_secret.value] = "storage.secret_key"
+    for key in ("determined_secret_key", "backup_secret_key"):
+        own = values[key]
+        if own is None or not own.resolved:
+            continue
+        if own.value in seen:
+            r.add(f"storage.{key}", str(own.reference), f"must differ from {seen[own.value]}")
+        seen.setdefault(own.value, f"storage.{key}")
     # Determined's user is denied backups/ (the database dumps): its checkpoints cannot go there.
     prefix = values["prefix"]
     if prefix is not None and (prefix.strip("/") + "/").startswith("backups/"):
@@ -360,9 +373,12 @@ def _determined_tag(r: Reader, sources: Sources, determined: Determined) -> None
             )
 
 
-def _determined(r: Reader, top: Map, versions: Versions) -> Determined:
+def _determined(r: Reader, top: Map, versions: Versions, master_host: str | None) -> Determined:
     m = open_section(top, Cluster, "determined")
     values = read(m, Determined)
+    tls_map = open_section(m, Determined, "tls")
+    values["tls"] = master_tls.DeterminedTls(**read(tls_map, master_tls.DeterminedTls))
+    master_tls.check_tls(r, m, values["tls"], master_host)
     image_values = read(open_section(m, Determined, "task_image"), TaskImage)
     for name, ref in image_values.items():
         why = images.too_new(ref, versions.nvidia_driver) if ref and versions.nvidia_driver else None

@@ -4,10 +4,14 @@
 Determined signs with (deploy/minio_iam.py); its name follows MinIO's access key rules
 (minio/minio internal/auth/credentials.go: 3 to 20 characters, none of the reserved `=,`).
 `endpoint_url`: computed https when storage.tls is set (deploy/cluster/storage_tls.py).
+`determined_secret_key`, `backup_secret_key`: optional secrets of those users; unset, each is
+derived from the root password (deploy/minio_iam.py secret_key).
 """
 
+import re
+
 from deploy.cluster import checks
-from deploy.cluster.keys import Computed, Key
+from deploy.cluster.keys import Computed, Key, SecretKey
 
 CONSOLE = Key(
     checks.choice(("localhost", "all", "disabled")),
@@ -22,8 +26,8 @@ DETERMINED_USER = Key(
     ),
     "determined",
     "the MinIO user in master.yaml's checkpoint_storage (so in every trial): the bucket's objects "
-    "only, made by the deploy; not `access_key`. Its secret key is derived from `secret_key` "
-    "(scrypt): make that long and random",
+    "only, made by the deploy; not `access_key`. Its secret key is `determined_secret_key`, or "
+    "derived from `secret_key` (scrypt)",
 )
 
 ENDPOINT_URL = Key(
@@ -39,5 +43,36 @@ BACKUP_USER = Key(
     "the MinIO user the master's nightly database backup signs with (its keys only in the "
     "master's root-only /etc/pg-backup/s3.env): `backups/postgresql/` in the bucket only, made "
     "by the deploy; not `access_key` nor `determined_user` (which is denied `backups/`). Its "
-    "secret key is derived from `secret_key` like `determined_user`'s",
+    "secret key is `backup_secret_key`, or derived from `secret_key`",
+)
+
+
+# MinIO's user secret keys: 8 characters at least (internal/auth/credentials.go IsSecretKeyValid,
+# checked by cmd/iam.go CreateUser) and at most 40 (secretKeyMaxLen: CreateNewCredentials refuses
+# longer ones). They land quoted in master.yaml and in pg-backup's environment file: the
+# characters of a base64 or hex key and `._~-` only.
+_USER_SECRET = re.compile(r"[A-Za-z0-9+/=._~-]{8,40}", re.ASCII)
+
+
+def user_secret_problem(text: str) -> str | None:
+    if not _USER_SECRET.fullmatch(text):
+        return "must be 8 to 40 letters, digits or '+/=._~-' (MinIO's secret key length)"
+    return None
+
+
+DETERMINED_SECRET_KEY = SecretKey(
+    "the secret key of storage.determined_user",
+    "the secret key of `determined_user`, which every trial holds (`openssl rand -base64 30`); "
+    "unset: derived from `secret_key` with scrypt, so a guessable root password could be "
+    "guessed from a trial's key",
+    optional=True,
+    content=user_secret_problem,
+)
+
+BACKUP_SECRET_KEY = SecretKey(
+    "the secret key of storage.backup_user",
+    "the secret key of `backup_user` (the master's root-only /etc/pg-backup/s3.env); unset: "
+    "derived from `secret_key` like `determined_user`'s",
+    optional=True,
+    content=user_secret_problem,
 )

@@ -197,15 +197,21 @@ def _read(r: Reader, path: str, target: str, secret: bool) -> bytes | None:
 _BEGIN_LINE = re.compile(rb"-----BEGIN ([^\r\n]*?)-----")
 
 
-def parse_certificates(data: bytes, what: str) -> list[x509.Certificate] | str:
-    """The certificates of a PEM file, or what is wrong with it (one line)."""
+# Why a certificate file holds only certificates (the master's rules say their own).
+MINIO_CERTIFICATES_ONLY = (
+    "the file goes to every node, readable by all, and MinIO refuses anything else in public.crt"
+)
+
+
+def parse_certificates(
+    data: bytes, what: str, only: str = MINIO_CERTIFICATES_ONLY
+) -> list[x509.Certificate] | str:
+    """The certificates of a PEM file, or what is wrong with it (one line); `only`: why only
+    CERTIFICATE blocks belong there."""
     types = [m[1].decode("ascii", "replace") for m in _BEGIN_LINE.finditer(data)]
     others = sorted({t for t in types if t != "CERTIFICATE"})
     if others:
-        return (
-            f"holds a {others[0]} block: only CERTIFICATE blocks belong here (the file goes to "
-            "every node, readable by all, and MinIO refuses anything else in public.crt)"
-        )
+        return f"holds a {others[0]} block: only CERTIFICATE blocks belong here ({only})"
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -219,7 +225,9 @@ def _pem(certs: list[x509.Certificate]) -> str:
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs).decode("ascii")
 
 
-def _certificates(r: Reader, path: str, v: Any, what: str) -> PemFile | None:
+def _certificates(
+    r: Reader, path: str, v: Any, what: str, only: str = MINIO_CERTIFICATES_ONLY
+) -> PemFile | None:
     target = _reference(r, path, v)
     if target is None:
         return None
@@ -228,7 +236,7 @@ def _certificates(r: Reader, path: str, v: Any, what: str) -> PemFile | None:
         # a problem when not (that is for the loads that resolve secrets).
         try:
             with open(target, "rb") as f:
-                parsed = parse_certificates(f.read(PEM_MAX_BYTES), what)
+                parsed = parse_certificates(f.read(PEM_MAX_BYTES), what, only)
         except OSError:
             parsed = ""
         return PemFile(target, _pem(parsed) if isinstance(parsed, list) else "")
@@ -236,7 +244,7 @@ def _certificates(r: Reader, path: str, v: Any, what: str) -> PemFile | None:
     if data is None:
         return None
     shown = str(SecretRef("file", target))
-    certs = parse_certificates(data, what)
+    certs = parse_certificates(data, what, only)
     if isinstance(certs, str):
         r.add(path, shown, certs)
         return None
@@ -482,11 +490,28 @@ def _check_pair(r: Reader, tls: StorageTls, host: str | None, node: Any) -> None
             r.add("storage.tls.certificate", shown, problem)
 
 
-def chain_problem(certs: list[x509.Certificate], roots: list[x509.Certificate], host: str) -> str | None:
+def chain_problem(
+    certs: list[x509.Certificate],
+    roots: list[x509.Certificate],
+    host: str,
+    ca_key: str = "storage.tls.ca_certificate",
+) -> str | None:
     """Whether a client trusting only `roots` accepts `certs` for `host` (cryptography's
     RFC 5280 path building, x509.verification), ending at a self-signed root: OpenSSL (urllib3,
     boto3, pg-backup) does not stop at an intermediate in its store ("unable to get issuer
     certificate"). Extensions are not held to the CA/Browser Forum's profile (private CAs)."""
+    chain = verified_chain(certs, roots, host, ca_key)
+    return chain if isinstance(chain, str) else None
+
+
+def verified_chain(
+    certs: list[x509.Certificate],
+    roots: list[x509.Certificate],
+    host: str,
+    ca_key: str = "storage.tls.ca_certificate",
+) -> list[x509.Certificate] | str:
+    """The path chain_problem builds, leaf first, ending at a self-signed root of `roots`; or
+    what is wrong (one line; `ca_key` names where the roots come from)."""
     ee = verification.ExtensionPolicy.permit_all().require_present(
         x509.SubjectAlternativeName, verification.Criticality.AGNOSTIC, None
     )
@@ -507,17 +532,17 @@ def chain_problem(certs: list[x509.Certificate], roots: list[x509.Certificate], 
         chain = builder.build_server_verifier(subject).verify(certs[0], certs[1:])
     except (verification.VerificationError, ValueError):
         return (
-            "is not issued by storage.tls.ca_certificate (its issuer: "
+            f"is not issued by {ca_key} (its issuer: "
             f"{certs[0].issuer.rfc4514_string()}; put its intermediates after it in this file)"
         )
     top = chain[-1]
     if top.subject != top.issuer or not _issued(top, top):
         return (
-            f"chains to {top.subject.rfc4514_string()} in storage.tls.ca_certificate, which is not "
+            f"chains to {top.subject.rfc4514_string()} in {ca_key}, which is not "
             "a self-signed root: OpenSSL clients refuse that ('unable to get issuer "
             "certificate'): give the root CA there"
         )
-    return None
+    return list(chain)
 
 
 def _public(key: Any) -> bytes:

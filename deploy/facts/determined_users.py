@@ -11,11 +11,18 @@ from pyinfra.api import FactBase
 PROGRAM = Path(__file__).resolve().parents[2] / "files" / "determined" / "master-users.py"
 
 
-def program_command(*args: object) -> str:
+def program_command(*args: object, tls: tuple[str, str] | None = None) -> str:
     """`python3 -c <files/determined/master-users.py> ARGS`: the program travels inside the
-    command (nothing is uploaded or left on the node); every argument is quoted."""
+    command (nothing is uploaded or left on the node); every argument is quoted. tls: (the
+    name master_host, the CA file) when the master serves https, handed over as Determined's
+    own client reads them (DET_MASTER_CERT_NAME, DET_MASTER_CERT_FILE)."""
     text = PROGRAM.read_text()
-    return " ".join(["python3", "-c", shlex.quote(text), *(shlex.quote(str(a)) for a in args)])
+    env = (
+        []
+        if tls is None
+        else [f"DET_MASTER_CERT_NAME={shlex.quote(tls[0])}", f"DET_MASTER_CERT_FILE={shlex.quote(tls[1])}"]
+    )
+    return " ".join([*env, "python3", "-c", shlex.quote(text), *(shlex.quote(str(a)) for a in args)])
 
 
 class MasterUsers(FactBase):
@@ -26,11 +33,12 @@ class MasterUsers(FactBase):
     127.0.0.1:`port`, and prints only these words: no password, hash or token leaves the node.
     """
 
-    def requires_command(self, port: int, config: str):
+    def requires_command(self, port: int, config: str, cert_name: str = "", cert_file: str = ""):
         return "python3"
 
-    def command(self, port: int, config: str):
-        return program_command("status", int(port), config)
+    def command(self, port: int, config: str, cert_name: str = "", cert_file: str = ""):
+        tls = (cert_name, cert_file) if cert_name and cert_file else None
+        return program_command("status", int(port), config, tls=tls)
 
     def process(self, output):
         try:

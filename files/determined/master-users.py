@@ -1,6 +1,10 @@
 # Run on the master node by roles/determined_users.py (`python3 -c`; nothing is installed).
 """Determined's built-in users through the master's own REST API on 127.0.0.1.
 
+With DET_MASTER_CERT_NAME and DET_MASTER_CERT_FILE in the environment (determined.tls, named as
+Determined's own client reads them: harness/determined/common/api/certs.py), over https to
+127.0.0.1, the certificate checked for that name against that CA file.
+
   status PORT CONFIG          one JSON line and exit 0, no secret in it:
                               {"master": "up"|"down", "admin": "ok"|"refused"|"inactive"|
                                "unconfigured"|"error", "determined": "active"|"inactive"|
@@ -19,10 +23,13 @@ with {"password", "isHashed"} or {"active": false}. Standard library only (Pytho
 Ubuntu 20.04); secrets are read from files, never taken from the command line.
 """
 
+import functools
 import hashlib
+import http.client
 import json
 import os
 import re
+import ssl
 import sys
 import time
 import urllib.error
@@ -42,9 +49,39 @@ def die(message):
     sys.exit(1)
 
 
+class NamedHTTPSConnection(http.client.HTTPSConnection):
+    """To 127.0.0.1, checking the certificate for the master's name."""
+
+    def __init__(self, *args, server_name, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server_name = server_name
+
+    def connect(self):
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name)
+
+
+class NamedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context, server_name):
+        super().__init__(context=context)
+        self.tls_context, self.server_name = context, server_name
+
+    def https_open(self, req):
+        connection = functools.partial(NamedHTTPSConnection, server_name=self.server_name)
+        return self.do_open(connection, req, context=self.tls_context)
+
+
 class Master:
     def __init__(self, port):
-        self.url = f"http://127.0.0.1:{port}"
+        name = os.environ.get("DET_MASTER_CERT_NAME")
+        cafile = os.environ.get("DET_MASTER_CERT_FILE")
+        if name and cafile:
+            self.url = f"https://127.0.0.1:{port}"
+            context = ssl.create_default_context(cafile=cafile)
+            self.open = urllib.request.build_opener(NamedHTTPSHandler(context, name)).open
+        else:
+            self.url = f"http://127.0.0.1:{port}"
+            self.open = urllib.request.urlopen
 
     def call(self, method, path, body=None, token=None):
         """(HTTP status, parsed body); status None when the master does not answer."""
@@ -54,7 +91,7 @@ class Master:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=15) as response:
+            with self.open(request, timeout=15) as response:
                 return response.status, json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as e:
             try:
@@ -180,6 +217,13 @@ def admin_token(master, password, login_path):
     code, body = master.login("admin", password)
     if code != 200:
         die(f"login as admin with its new password: {reason(code, body)}")
+    if login["username"] == "admin" and login["password"] != password:
+        # DET_PASS was admin's previous password: it must be refused from now on.
+        old_code, old_body = master.login("admin", login["password"])
+        if old_code != 401:
+            why = reason(old_code, old_body)
+            die(f"admin's previous password (DET_PASS) is not refused after the change: {why}")
+        print("admin: the previous password (DET_PASS) is refused")
     return body["token"]
 
 

@@ -18,6 +18,7 @@ import yaml
 from deploy import cluster as cluster_module
 from deploy.cluster import ClusterError, checks, load_cluster
 from deploy.secrets import REPO_ROOT
+from tests.unit.tls_material import corpus_master_tls
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
@@ -88,6 +89,7 @@ def _corpus_secret_files() -> None:
             f.write(content.encode())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    corpus_master_tls(CORPUS_SECRET_DIR)  # determined.tls certificates and keys (master-tls-*.yaml)
 
 
 @pytest.fixture

@@ -207,6 +207,8 @@ def test_program_against_the_standin(tmp_path, database):
         run = program("apply", port, changed, str(operator))
         assert run.returncode == 0, run.stderr
         assert "admin: password set to determined.admin_password" in run.stdout
+        # DET_USER was admin: its previous password (DET_PASS) is tried and must be refused.
+        assert "admin: the previous password (DET_PASS) is refused" in run.stdout
         assert status(port, changed) == SETTLED
         assert login(master, "admin", first) == 401 and login(master, "admin", second) == 200
         assert first not in run.stdout + run.stderr and second not in run.stdout + run.stderr

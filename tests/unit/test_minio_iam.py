@@ -141,6 +141,76 @@ def test_derived_secret_keys(env, tmp_path):
     assert backup == minio_iam.secret_key(c.storage, "pg-backup")
 
 
+def _secret(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return "{file: " + str(path) + "}"
+
+
+def test_given_secret_keys_replace_the_derived_ones(env, tmp_path):
+    own, backup = "Trials-Own-Key+/=._~-0123456789abcdef", "b" * 40
+    c = load_cluster(
+        cluster_file(
+            tmp_path,
+            determined_secret_key=_secret(tmp_path, "det.key", own),
+            backup_secret_key=_secret(tmp_path, "backup.key", backup),
+        )
+    )
+    assert minio_iam.determined_secret_key(c.storage) == own
+    assert minio_iam.backup_secret_key(c.storage) == backup
+    only_one = load_cluster(cluster_file(tmp_path, determined_secret_key=_secret(tmp_path, "d.key", own)))
+    assert minio_iam.backup_secret_key(only_one.storage) == minio_iam.secret_key(
+        load_cluster(cluster_file(tmp_path)).storage, "pg-backup"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("short", "must be 8 to 40 letters, digits or '+/=._~-' (MinIO's secret key length)"),
+        ("x" * 41, "must be 8 to 40 letters, digits or '+/=._~-' (MinIO's secret key length)"),
+        ("has space inside", "must be 8 to 40 letters, digits or '+/=._~-' (MinIO's secret key length)"),
+        ('quote"inside1', "must be 8 to 40 letters, digits or '+/=._~-' (MinIO's secret key length)"),
+        (ROOT_SECRET, "must differ from storage.secret_key"),
+    ],
+)
+def test_a_given_secret_key_is_checked_and_never_shown(env, tmp_path, text, why):
+    reference = _secret(tmp_path, "det.key", text)
+    with pytest.raises(ClusterError) as e:
+        load_cluster(cluster_file(tmp_path, determined_secret_key=reference))
+    lines = str(e.value).splitlines()
+    assert len(lines) == 1 and "storage.determined_secret_key" in lines[0] and why in lines[0], lines
+    assert text not in str(e.value)
+
+
+def test_the_two_users_may_not_share_a_given_secret(env, tmp_path):
+    same = "Shared-Secret-0123456789"
+    with pytest.raises(ClusterError) as e:
+        load_cluster(
+            cluster_file(
+                tmp_path,
+                determined_secret_key=_secret(tmp_path, "a.key", same),
+                backup_secret_key=_secret(tmp_path, "b.key", same),
+            )
+        )
+    assert "storage.backup_secret_key" in str(e.value)
+    assert "must differ from storage.determined_secret_key" in str(e.value)
+    assert same not in str(e.value)
+
+
+def test_minio_takes_a_given_secret_key(env, tmp_path, server):
+    own = "Given-Trial-Secret-0123456789"
+    cluster = load_cluster(
+        cluster_file(tmp_path, port=server.port, determined_secret_key=_secret(tmp_path, "det.key", own))
+    )
+    server.client(ROOT_SECRET, "us-east-1", ROOT_USER).make_bucket("det-checkpoints", location="us-east-1")
+    user = minio_iam.determined(cluster.storage)
+    minio_iam.ensure(cluster, user)
+    assert minio_iam.read_state(cluster, user).problems == []
+    server.client(own, "us-east-1", "determined").put_object("det-checkpoints", "a", io.BytesIO(b"x"), 1)
+
+
 DENY_ADMIN = {"Effect": "Deny", "Action": ["admin:CreateServiceAccount", "admin:CreateUser"]}
 DENY_BACKUPS = [
     {"Effect": "Deny", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::det-checkpoints/backups/*"]},
@@ -555,3 +625,20 @@ def test_stand_in_refuses_listing_conditions_elsewhere_like_minio(server):
     with pytest.raises(MinioAdminException) as e:
         admin.policy_add("bad", policy={"Version": "2012-10-17", "Statement": [statement]})
     assert minio_iam.error_code(e.value) == "XMinioMalformedIAMPolicy"
+
+
+def test_an_unreachable_minio_is_named_with_its_cause(env, tmp_path):
+    """The admin API on a port nothing listens on: one line naming the endpoint and why
+    (urllib3's MaxRetryError alone names only the URL), no root keys."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = load_cluster(cluster_file(tmp_path, port=port))
+    with pytest.raises(minio_iam.IamError) as e:
+        minio_iam.read_state(c)
+    text = str(e.value)
+    assert f"MinIO at 127.0.0.1:{port} is not reachable: MaxRetryError (NewConnectionError:" in text
+    assert "Connection refused" in text
+    assert ROOT_SECRET not in text and ROOT_USER not in text

@@ -112,3 +112,45 @@ def make_intermediate(ca: Issued, cn: str = "test storage intermediate CA") -> I
         .sign(ca.key, hashes.SHA256())
     )
     return Issued(cert, key)
+
+
+# --- determined.tls files of the broken-file corpus (tests/unit/broken/master-tls-*.yaml) -----
+
+
+def corpus_master_tls(directory: Path) -> None:
+    """The corpus' master certificates and keys in `directory` (made when missing or within a
+    week of expiring; under a lock: pytest-xdist workers run this at once). Names and the
+    expired certificate's dates are fixed: the corpus states its messages word for word."""
+    import fcntl
+
+    directory.mkdir(mode=0o700, exist_ok=True)
+    stamp = directory / "master-tls.done"
+    with open(directory / "master-tls.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and float(stamp.read_text() or 0) > dt.datetime.now(dt.UTC).timestamp() + 7 * 86400:
+            return
+        ca = make_ca("corpus master CA")
+        good = make_server(ca, ["m1"], cn="corpus master")
+        other = make_server(ca, ["m1"], cn="corpus master other")
+        elsewhere = make_server(ca, ["elsewhere.test"], cn="corpus elsewhere")
+        key = ec.generate_private_key(ec.SECP256R1())
+        expired = (
+            x509.CertificateBuilder()
+            .subject_name(_name("corpus old master"))
+            .issuer_name(ca.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+            .not_valid_after(dt.datetime(2020, 1, 2, tzinfo=dt.UTC))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("m1")]), critical=False)
+            .sign(ca.key, hashes.SHA256())
+        )
+        write(directory / "master-ca.crt", ca.cert_pem)
+        write(directory / "master.crt", good.cert_pem)
+        write(directory / "master.key", good.key_pem(), 0o600)
+        write(directory / "master-other.key", other.key_pem(), 0o600)
+        write(directory / "master-world-readable.key", good.key_pem(), 0o644)
+        write(directory / "master-elsewhere.crt", elsewhere.cert_pem)
+        write(directory / "master-elsewhere.key", elsewhere.key_pem(), 0o600)
+        write(directory / "master-expired.crt", expired.public_bytes(serialization.Encoding.PEM))
+        stamp.write_text(str(good.cert.not_valid_after_utc.timestamp()))

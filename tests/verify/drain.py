@@ -176,6 +176,7 @@ def set_agent_enabled(cluster, token: str, agent_id: str, enabled: bool) -> int:
     import urllib.request
     from urllib.parse import quote
 
+    from deploy import master_http
     from tests.verify.master_api import _master_url
 
     action = "enable" if enabled else "disable"
@@ -185,7 +186,7 @@ def set_agent_enabled(cluster, token: str, agent_id: str, enabled: bool) -> int:
     request.add_header("Content-Type", "application/json")
     request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=15) as response:
+        with master_http.urlopen(request, timeout=15) as response:
             return response.status
     except urllib.error.HTTPError as e:
         return e.code

@@ -307,6 +307,28 @@ HINTS: dict[str, Hint] = {
         "journalctl -u determined-agent on {node}; master_port defaults to 80 when absent; "
         "`nvidia-smi -L` for the slots",
     ),
+    # determined.tls (test_determined.py; each skips or checks for absence without it)
+    "test_master_serves_the_configured_certificate": Hint(
+        "the master's certificate fails a client's check (name master_host, CA, or not "
+        "determined.tls.certificate)",
+        "the error in the detail; `journalctl -u determined-master` on {node}; the certificate "
+        "must name master_host and chain to determined.tls.ca_certificate; " + REDEPLOY,
+    ),
+    "test_master_serves_no_plain_http": Hint(
+        "determined.tls is set but the master answers plain http: it runs without security.tls",
+        "`grep -A3 tls: /etc/determined/master.yaml` and `systemctl restart determined-master` on "
+        "{node} (it reads the certificate at start only); " + REDEPLOY,
+    ),
+    "test_master_certs_as_configured": Hint(
+        "/etc/determined/certs on the master differs from determined.tls (a stale private key, "
+        "another certificate, or master.yaml's security.tls not naming them)",
+        "`ls -l /etc/determined/certs` on {node}; " + REDEPLOY,
+    ),
+    "test_agent_tls_as_configured": Hint(
+        "the agent's security.tls or /etc/determined/certs/master-ca.crt differs from "
+        "determined.tls: it cannot reach an https master, or trusts another CA",
+        "`grep -A4 security: /etc/determined/agent*.yaml` on {node}; " + REDEPLOY,
+    ),
     # --- test_topology_agents.py ------------------------------------------------------------
     "test_agents_registered_with_domain_slots": Hint(
         "the node's enabled agents are not one per NVLink domain (per_domain) or the one "

@@ -6,6 +6,7 @@ import time
 import urllib.error
 import urllib.request
 
+from deploy import master_http
 from tests.verify import reach
 
 REGISTRATION_WAIT = 30  # seconds
@@ -17,7 +18,7 @@ def _http(url: str, data: dict | None = None, token: str | None = None):
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=15) as response:
+        with master_http.urlopen(request, timeout=15) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, None
@@ -26,7 +27,7 @@ def _http(url: str, data: dict | None = None, token: str | None = None):
 def _master_url(cluster) -> str:
     # A master found dead before the checks: SSH on the check's cell, not a wait per request.
     reach.raise_if_dead(cluster.master_node)
-    return f"http://{cluster.master_node.address}:{cluster.master_port}"
+    return master_http.base_url(cluster)
 
 
 def _agents_of(node, agents: dict) -> dict:

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from deploy import master_http
 from deploy.experiment import smoke
 from deploy.experiment.target import Target
 from tests.verify.hints import REDEPLOY, Hint
@@ -80,7 +81,7 @@ class Api:
         request.add_header("Content-Type", "application/json")
         request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with master_http.urlopen(request, timeout=self.timeout) as response:
                 return response.read()
         except urllib.error.HTTPError as e:
             raise SmokeError(f"{method} {path} -> {e.code}: {_message(e.read())}") from None

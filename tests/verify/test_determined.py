@@ -8,11 +8,20 @@ checkpoint_storage is one.
 Secret values never reach an assertion message (comparisons become booleans first).
 """
 
+import hashlib
+import http.client
 import json
+import shlex
+import socket
+import ssl
 
+import pytest
 import yaml
 
+from deploy import master_http
+from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.postgresql import RoleVerifier
+from roles import determined_tls
 from roles.determined_master import master_yaml, trial_endpoint
 from roles.postgresql import MIN_MAJOR, password_matches
 from roles.postgresql_role import DIGEST_KEY, hmac_key
@@ -214,10 +223,14 @@ def test_master_health_from_controller(cluster):
 
 
 def test_master_health_on_node(master, host_of, cluster):
+    # As the deploy's start-up wait asks (https by master_host against master-ca.crt with TLS).
+    url, resolve, env = determined_tls.health_check(cluster)
+    options = [f"--resolve {shlex.quote(resolve)}"] if resolve else []
+    options += [f"--cacert {shlex.quote(path)}" for path in env.values()]
     code = host_of(master).check_output(
-        f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{cluster.master_port}/health"
+        f"curl -s -o /dev/null -w '%{{http_code}}' {' '.join(options)} {shlex.quote(url)}"
     )
-    assert code == "200"
+    assert code == "200", f"GET {url} on the node -> {code}"
 
 
 def test_master_yaml(master, host_of, cluster):
@@ -374,3 +387,111 @@ def test_agent_registered_with_its_slots(agent, registered_agents):
         assert sorted(mine) == [agent.hostname]
     # slots is the node's GPU count: per_domain agents share it out, one domain each.
     assert _enabled_slots(agent, registered_agents) == agent.slots
+
+
+# --- determined.tls ------------------------------------------------------------------------
+
+
+def test_master_serves_the_configured_certificate(master, cluster):
+    """A client's own handshake with the master's address, checking master_host against the
+    master's CA (as the agents and trials do), and the leaf is determined.tls.certificate's
+    (compared by sha256: not one left from before)."""
+    tls = cluster.determined.tls
+    if not tls.enabled:
+        pytest.skip("determined.tls is not set: the master serves plain http")
+    context = master_http.ssl_context(cluster)
+    try:
+        with (
+            socket.create_connection((str(master.address), cluster.master_port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname=cluster.master_host) as conn,
+        ):
+            served = conn.getpeercert(binary_form=True) or b""
+    except (ssl.SSLError, OSError) as e:
+        pytest.fail(
+            f"no TLS session with the master at {master.address}:{cluster.master_port} as "
+            f"{cluster.master_host}: {e}"
+        )
+    configured = ssl.PEM_cert_to_DER_cert(
+        tls.certificate.text.split("-----END CERTIFICATE-----")[0] + "-----END CERTIFICATE-----\n"
+    )
+    assert hashlib.sha256(served).hexdigest() == hashlib.sha256(configured).hexdigest(), (
+        "the master serves another certificate than determined.tls.certificate"
+    )
+
+
+def test_master_serves_no_plain_http(master, cluster):
+    """No API answer over plain http: Determined's master closes a connection that does not
+    start a TLS handshake (its cmux reads the first bytes through tls.NewListener,
+    master/internal/core.go); a plain net/http TLS server would answer 400 ("Client sent an
+    HTTP request to an HTTPS server."). Either passes; a 200 does not."""
+    if not cluster.determined.tls.enabled:
+        pytest.skip("determined.tls is not set: plain http is the master's protocol")
+    conn = http.client.HTTPConnection(str(master.address), cluster.master_port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        status, body = response.status, response.read(512)
+    except (OSError, http.client.HTTPException):
+        status, body = None, b""  # the connection dropped: no plain http either
+    finally:
+        conn.close()
+    assert status != 200 and b'"status"' not in body, (
+        f"the master answers plain http on {master.address}:{cluster.master_port}"
+    )
+
+
+def test_master_certs_as_configured(master, host_of, cluster):
+    """master.crt (the served chain), master.key (0600 root) and master-ca.crt, named by
+    master.yaml's security.tls; without determined.tls neither the directory nor the keys."""
+    h = host_of(master)
+    security = _read_yaml(h, "/etc/determined/master.yaml").get("security") or {}
+    certs = h.file(determined_tls.CERTS_DIR)
+    tls = cluster.determined.tls
+    if not tls.enabled:
+        assert "tls" not in security, "master.yaml has security.tls without determined.tls"
+        assert not certs.exists, (
+            f"{determined_tls.CERTS_DIR} exists without determined.tls: a stale private key"
+        )
+        return
+    assert security.get("tls") == determined_tls.master_security(cluster), "master.yaml's security.tls"
+    crt, key, ca = (
+        h.file(determined_tls.MASTER_CRT),
+        h.file(determined_tls.MASTER_KEY),
+        h.file(determined_tls.MASTER_CA),
+    )
+    assert crt.exists and crt.content_string == served_chain(tls, cluster.master_host), (
+        f"{determined_tls.MASTER_CRT} is not determined.tls.certificate (with its root)"
+    )
+    assert key.exists and (key.user, key.group, key.mode) == ("root", "root", 0o600), (
+        f"{determined_tls.MASTER_KEY} is not 0600 root"
+    )
+    assert ca.exists and ca.content_string == agent_ca(tls, cluster.master_host), (
+        f"{determined_tls.MASTER_CA}"
+    )
+
+
+def test_agent_tls_as_configured(agent, host_of, cluster):
+    """Each agent's configuration has security.tls (enabled, master_cert, master_cert_name) and
+    the CA file with determined.tls; neither without it."""
+    from tests.verify.test_topology_agents import agent_configs
+
+    h = host_of(agent)
+    configs = agent_configs(h, agent)
+    assert configs, f"no agent configuration for agent_layout {agent.agent_layout}"
+    tls = cluster.determined.tls
+    expected = determined_tls.agent_security(cluster)
+    for path, config in configs.items():
+        held = (config.get("security") or {}).get("tls")
+        if expected is None:
+            assert held is None, f"{path} has security.tls without determined.tls"
+        else:
+            assert held == {"enabled": True, **expected}, f"{path}: security.tls is not the master's"
+    ca = h.file(determined_tls.MASTER_CA)
+    if not tls.enabled:
+        assert not h.file(determined_tls.CERTS_DIR).exists, (
+            f"{determined_tls.CERTS_DIR} without determined.tls"
+        )
+        return
+    assert ca.exists and ca.content_string == agent_ca(tls, cluster.master_host), (
+        f"{determined_tls.MASTER_CA} is not the master's CA"
+    )

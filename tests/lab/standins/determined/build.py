@@ -13,7 +13,7 @@ deb-systemd-invoke does not start a unit that is not enabled, so a deploy must e
 the service itself. Unlike the real packages (static Go binaries), the stand-ins are Python
 and so depend on Debian's python3 packages (and the master on openssh-client for ssh-keygen);
 install them with apt, not bare dpkg -i. The master's experiment part is a second module,
-/usr/share/determined/master/lab/lab_trials.py.
+/usr/share/determined/master/lab/lab_trials.py, with lab_prep_container.py beside it.
 """
 
 from __future__ import annotations
@@ -89,6 +89,11 @@ def build(ctx) -> list[Path]:
                 "/usr/bin/determined-master": (_read("determined-master"), 0o755),
                 # The stand-in's experiment part, imported by the script above.
                 "/usr/share/determined/master/lab/lab_trials.py": (_read("lab_trials.py"), 0o644),
+                # What TLS trials run first: the harness prep step's master contact (lab_trials.py).
+                "/usr/share/determined/master/lab/lab_prep_container.py": (
+                    _read("lab_prep_container.py"),
+                    0o644,
+                ),
                 "/etc/determined/master.yaml": (_read("master.yaml"), 0o600),
                 "/lib/systemd/system/determined-master.service": (_read("determined-master.service"), 0o644),
                 "/lib/systemd/system/determined-master.socket": (_read("determined-master.socket"), 0o644),

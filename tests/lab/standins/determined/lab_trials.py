@@ -40,6 +40,11 @@ Reproduced:
   failed container gets the others killed); experiments ACTIVE -> COMPLETED / ERROR /
   CANCELED (kill); archive refused with FailedPrecondition "Experiment is not in terminal
   state." (experiment/bulk_action.go ArchiveExperiments).
+- TLS (master/pkg/tasks/task.go EnvVars, copy.go masterCertArchive): with security.tls the
+  containers get the master's chain at /run/determined/etc/ssl/master.crt (0644), DET_USE_TLS=true
+  and DET_MASTER_CERT_FILE naming it (cluster.json's master_cert_file too), and the agent adds
+  DET_MASTER=https://... and DET_MASTER_CERT_NAME; GET /api/v1/tasks/{id}/context_directory
+  (GetTaskContextDirectory), the first request of the harness's prep step.
 - GET /api/v1/experiments/{id}, /experiments/{id}/trials, /trials/{id},
   /trials/{id}/logs (newline-delimited {"result": ...} as grpc-gateway streams; follow=true
   streams until the trial ends), POST /experiments/{id}/kill and /archive, DELETE
@@ -63,7 +68,12 @@ Lab differences:
   prep_container writes them from the environment and the rendezvous API); container_addrs are
   the agents' addresses as the master sees them, as rendezvous.go does with host networking;
 - DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner;
-- only the single searcher (hyperparameters constant) runs; others are refused.
+- only the single searcher (hyperparameters constant) runs; others are refused;
+- with TLS, the entrypoint runs through lab_prep_container.py (packed beside this module, put
+  at /run/determined/lab/prep_container.py): the master contact of the harness's prep step, so
+  that a wrong DET_MASTER_CERT_FILE or DET_MASTER_CERT_NAME fails the trial as it would with the
+  harness; without TLS nothing in the container contacts the master, as before; the context
+  directory it asks for is empty (the model definition is copied in with the other files).
 """
 
 from __future__ import annotations
@@ -557,6 +567,11 @@ def timestamp(t: float) -> str:
 TERMINAL = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR")
 RESEND = 10.0  # seconds before an unacknowledged start or kill goes to the agent again
 WORKDIR = "/run/determined/workdir"
+# master/pkg/tasks/task.go certPath: where the master's certificate goes into task containers.
+MASTER_CERT_PATH = "/run/determined/etc/ssl/master.crt"
+# With TLS the entrypoint runs through the harness prep step's master contact (its docstring).
+PREP_PATH = "/run/determined/lab/prep_container.py"
+PREP_SOURCE_NAME = "lab_prep_container.py"
 
 
 def ssh_key_pair() -> tuple[bytes, bytes]:
@@ -970,6 +985,7 @@ class Trials:
         config = exp["config"]
         pool = config["resources"]["resource_pool"]
         tcd = self.task_container_defaults(pool)
+        chain = getattr(self.master, "tls_chain", None)  # the master's certificates, with TLS
         dtype = devices[0].get("type", "cpu") if devices else "cpu"
         dtype = "cuda" if dtype in ("cuda", "gpu") else ("rocm" if dtype == "rocm" else "cpu")
         env = config["environment"]
@@ -985,7 +1001,8 @@ class Trials:
             "DET_WORKDIR": WORKDIR,
             "DET_RUN_DIR": "/run/determined",
             "DET_USER": exp["user"]["username"],
-            "DET_USE_TLS": "false",
+            # task.go EnvVars: with a master certificate, DET_USE_TLS and DET_MASTER_CERT_FILE.
+            "DET_USE_TLS": "true" if chain else "false",
             "DET_SEGMENT_ENABLED": "false",
             "DET_TASK_LOGGING_METADATA": json.dumps(
                 {"allocation_id": trial["allocation_id"], "task_id": trial["task_id"]}, separators=(",", ":")
@@ -1000,6 +1017,8 @@ class Trials:
             "DET_STEPS_COMPLETED": "0",
             "DET_TASK_TYPE": "TRIAL",
         }
+        if chain:
+            det_env["DET_MASTER_CERT_FILE"] = MASTER_CERT_PATH
         if tcd.get("gloo_port_range"):
             det_env["GLOO_PORT_RANGE"] = tcd["gloo_port_range"]
         if tcd.get("dtrain_network_interface"):
@@ -1013,6 +1032,13 @@ class Trials:
         files = [{"path": "/run/determined", "dir": True, "mode": 0o700}]
         for d in ("/run/determined/info", "/run/determined/pythonuserbase", WORKDIR, "/run/determined/ssh"):
             files.append({"path": d, "dir": True, "mode": 0o755 if d.endswith("info") else 0o700})
+        if chain:
+            # copy.go masterCertArchive: the chain as a root-owned 0644 file.
+            for d in ("/run/determined/etc", "/run/determined/etc/ssl", os.path.dirname(PREP_PATH)):
+                files.append({"path": d, "dir": True, "mode": 0o755})
+            for path, content in ((MASTER_CERT_PATH, chain), (PREP_PATH, prep_source())):
+                files.append({"path": path, "content": base64.b64encode(content).decode(), "mode": 0o644})
+            cmd = ["python3", PREP_PATH, *cmd]
         for f in exp["files"]:
             path = os.path.normpath(os.path.join(WORKDIR, f["path"]))
             if not path.startswith(WORKDIR + "/"):
@@ -1032,8 +1058,8 @@ class Trials:
                 "allocation_id": trial["allocation_id"],
                 "session_token": exp["token"],
                 "task_type": "TRIAL",
-                "master_cert_name": None,
-                "master_cert_file": None,
+                "master_cert_name": None,  # the agent's DET_MASTER_CERT_NAME
+                "master_cert_file": MASTER_CERT_PATH if chain else None,
                 "latest_checkpoint": None,
             },
             "trial.json": {
@@ -1277,6 +1303,17 @@ class Trials:
             self.container_logs(h.query.get("id", ""), h.body_json())
             h.reply(200, {})
             return True
+        m = re.fullmatch(r"/api/v1/tasks/([^/]+)/context_directory", path)
+        if m and method == "GET":
+            # GetTaskContextDirectory, what a trial's prep step asks first (lab_prep_container.py);
+            # the lab copies the model definition in itself, so the archive is empty.
+            h.require_user()
+            with self.lock:
+                known = any(t["task_id"] == m[1] for t in self.trials.values())
+            if not known:
+                raise ApiError(5, f"task not found: {m[1]}")
+            h.reply(200, {"b64Tgz": ""})
+            return True
         if path == "/api/v1/experiments" and method == "POST":
             user = h.require_user()
             h.reply(200, self.create(h.body_json(), user))
@@ -1372,6 +1409,12 @@ def printable_config(config: dict) -> dict:
         if cs.get(key) is not None:
             cs[key] = "********"
     return out
+
+
+def prep_source() -> bytes:
+    """lab_prep_container.py, packed beside this module."""
+    with open(os.path.join(os.path.dirname(os.path.realpath(__file__)), PREP_SOURCE_NAME), "rb") as f:
+        return f.read()
 
 
 def new_token() -> str:
