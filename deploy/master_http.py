@@ -20,18 +20,23 @@ import functools
 import http.client
 import ipaddress
 import ssl
+import threading
 import urllib.request
 from typing import Any
 
 from deploy.cluster.master_tls import agent_ca
 
-# base_url -> (context, the name the certificate must hold), for the masters seen so far.
+# base_url -> (context, the name the certificate must hold), for the masters seen so far. A
+# process deploys or verifies one cluster: a second one at the same address and port replaces
+# the first's settings (the later base_url wins). The lock: verify's threads register and read.
 _TLS: dict[str, tuple[ssl.SSLContext, str]] = {}
+_TLS_LOCK = threading.Lock()
 
 
 def tls_enabled(cluster: Any) -> bool:
-    tls = getattr(cluster.determined, "tls", None)  # a model without the section: plain http
-    return tls is not None and tls.enabled
+    # getattr: the unit tests' stand-in clusters (SimpleNamespace) carry no tls section.
+    tls = getattr(cluster.determined, "tls", None)
+    return tls is not None and bool(tls.enabled)
 
 
 def scheme(cluster: Any) -> str:
@@ -43,7 +48,9 @@ def base_url(cluster: Any) -> str:
     host = f"[{address}]" if address.version == 6 else str(address)
     url = f"{scheme(cluster)}://{host}:{cluster.master_port}"
     if tls_enabled(cluster):
-        _TLS[url] = (ssl_context(cluster), cluster.master_host)
+        settings = (ssl_context(cluster), cluster.master_host)
+        with _TLS_LOCK:
+            _TLS[url] = settings
     return url
 
 
@@ -79,7 +86,9 @@ class _NamedHTTPSHandler(urllib.request.HTTPSHandler):
 
 def tls_for(url: str) -> tuple[ssl.SSLContext, str] | None:
     """The context and name for a URL under a registered https base_url, else None."""
-    for base, settings in _TLS.items():
+    with _TLS_LOCK:
+        registered = list(_TLS.items())
+    for base, settings in registered:
         if url == base or url.startswith(base + "/"):
             return settings
     return None

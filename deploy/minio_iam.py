@@ -246,6 +246,14 @@ def secret_key(storage: Storage, user: str) -> str:
     return _derive(storage.secret_key.value, user)
 
 
+def secret_source(storage: Storage, user: str) -> str:
+    """Where a user's secret key comes from, for messages (never the key)."""
+    for key in ("determined_secret_key", "backup_secret_key"):
+        if getattr(storage, key) is not None and user == getattr(storage, key.replace("secret_key", "user")):
+            return f"storage.{key}"
+    return "the one the deploy derives from storage.secret_key"
+
+
 def determined_secret_key(storage: Storage) -> str:
     return secret_key(storage, storage.determined_user)
 
@@ -348,7 +356,8 @@ def read_state(cluster: Cluster, user: User | None = None, admin: MinioAdmin | N
             raise IamError(f"MinIO at {s3.endpoint(cluster)} is not reachable: {s3.unreachable(e)}") from None
         # Another refusal (AccessDenied) comes from the policy or mapping, read above.
         if refused in ("SignatureDoesNotMatch", "InvalidAccessKeyId"):
-            state.user = f"user {user.name}'s secret key is not the one the deploy derives ({refused})"
+            source = secret_source(cluster.storage, user.name)
+            state.user = f"user {user.name}'s secret key is not {source} ({refused})"
     return state
 
 

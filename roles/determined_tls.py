@@ -92,8 +92,9 @@ def master_files(cluster: Cluster) -> list[OperationMeta]:
     """The master node's certificate, key and CA (or the directory gone): a change restarts
     the master."""
     tls = cluster.determined.tls
-    if not tls.enabled or tls.private_key is None:
+    if not tls.enabled:
         return _removed()
+    assert tls.private_key is not None  # enabled: certificate and key were both given
     _certs_dir()
     crt = files.put(
         name=f"Master certificate {MASTER_CRT}",

@@ -291,7 +291,11 @@ def served_chain(tls: DeterminedTls, host: str) -> str:
 
 
 def agent_ca(tls: DeterminedTls, host: str) -> str:
-    """master-ca.crt's text: ca_certificate, else the master's chain (its root is in it)."""
+    """master-ca.crt's text: ca_certificate, else the root the master's chain ends at (only
+    the root: a renewed certificate under the same root leaves the file, and so the agents,
+    alone)."""
     if tls.ca_certificate is not None:
         return tls.ca_certificate.text
-    return served_chain(tls, host)
+    chain = served_certificates(tls, host)
+    assert not isinstance(chain, str), chain
+    return _pem(chain[-1:])

@@ -200,6 +200,7 @@ PYINFRA_FACTS = frozenset(
         "pyinfra.facts.systemd:SystemdStatus",
     }
 )
+# Not on PYINFRA_FACTS either: kept should one of them ever be added there (defence in depth).
 FREE_COMMAND_FACTS = frozenset(
     {"pyinfra.facts.server:Command", "pyinfra.facts.apt:SimulateOperationWillChange"}
 )

@@ -203,17 +203,19 @@ def busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-# Every measured command is started by this small launcher, itself started before the bench
-# has read anything: Linux carries a process's peak RSS across fork and exec (exec_mmap records
-# the old address space's high-water mark in signal->maxrss), so a command forked by the bench
-# itself reports at least the bench's own size as its peak.
+# Every measured command is started by this small launcher (started at the first timed()):
+# Linux carries a process's peak RSS across fork and exec (exec_mmap records the old address
+# space's high-water mark in signal->maxrss), so a command forked by the bench itself reports at
+# least the bench's own size as its peak; one forked by the freshly exec'd launcher, the
+# launcher's small size at most. Each command gets the bench's environment of the moment.
 LAUNCHER = r"""
 import json, os, subprocess, sys
 for line in sys.stdin:
     req = json.loads(line)
     with open(req["out"], "w") as out:
         proc = subprocess.Popen(
-            req["argv"], cwd=req["cwd"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            req["argv"], cwd=req["cwd"], env=req["env"], stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         _, status, usage = os.wait4(proc.pid, 0)
     done = {"status": status, "maxrss": usage.ru_maxrss, "cpu": usage.ru_utime + usage.ru_stime}
@@ -236,7 +238,9 @@ class Launcher:
                 text=True,
             )
         assert cls._proc.stdin and cls._proc.stdout
-        cls._proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "out": out}) + "\n")
+        cls._proc.stdin.write(
+            json.dumps({"argv": argv, "cwd": str(cwd), "out": out, "env": dict(os.environ)}) + "\n"
+        )
         cls._proc.stdin.flush()
         line = cls._proc.stdout.readline()
         if not line:

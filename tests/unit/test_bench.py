@@ -153,3 +153,11 @@ def test_what_apt_cacher_ng_fetched_from_the_lab_mirror_is_counted_once(tmp_path
         "1796057470|O|1000|10.77.40.11|labmirror/mofed/x.tgz\n"
     )
     assert bench.upstream_bytes(offsets, NODES, CACHES) == (1000, 0)
+
+
+def test_each_command_gets_the_benchs_environment_of_the_moment(monkeypatch):
+    """The launcher starts once; a variable set afterwards must still reach the command."""
+    bench.timed(["true"])
+    monkeypatch.setenv("DTLAB_BENCH_PROBE", "later")
+    result = bench.timed([sys.executable, "-c", "import os; print(os.environ['DTLAB_BENCH_PROBE'])"])
+    assert result["rc"] == 0 and result["out"].strip() == "later", result["out"]
