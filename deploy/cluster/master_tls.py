@@ -51,14 +51,15 @@ from deploy.cluster.storage_tls import (
     _certificates,
     _issued,
     _pem,
-    _public,
     _read,
     _reference,
+    key_mismatch,
     names_host,
     pem_decode,
     san_names,
     verified_chain,
 )
+from deploy.cluster.tls_pair import halves_given
 from deploy.secrets import Secret, SecretRef
 
 CERTIFICATES_ONLY = (
@@ -182,29 +183,14 @@ SECTION = Section(holds_secrets=True, doc="the master's certificate and key; see
 def check_tls(r: Reader, m: Map, tls: DeterminedTls | None, master_host: str | None) -> None:
     """The keys of determined.tls together, and with master_host."""
     tls = tls or OFF
-    raw = m.raw("tls")
-    written = raw if isinstance(raw, dict) else {}
-    given = {k: written.get(k) is not None for k in ("certificate", "private_key", "ca_certificate")}
-    if given["certificate"] and not given["private_key"]:
-        r.add(
-            "determined.tls.private_key",
-            "(missing)",
-            "determined.tls.certificate needs its private key (Determined: 'TLS cert file provided "
-            "without a key file')",
-        )
-    if given["private_key"] and not given["certificate"]:
-        r.add(
-            "determined.tls.certificate",
-            "(missing)",
-            "determined.tls.private_key needs its certificate (Determined: 'TLS key file provided "
-            "without a cert file')",
-        )
-    if given["ca_certificate"] and not given["certificate"]:
-        r.add(
-            "determined.tls.ca_certificate",
-            str(tls.ca_certificate or "(given)"),
-            "a CA without determined.tls.certificate",
-        )
+    halves_given(
+        r,
+        m,
+        "determined.tls",
+        tls.ca_certificate,
+        " (Determined: 'TLS cert file provided without a key file')",
+        " (Determined: 'TLS key file provided without a cert file')",
+    )
     if not r.resolve_secrets or not tls.enabled or not tls.certificate or not tls.certificate.text:
         return
     if tls.ca_certificate is not None and not tls.ca_certificate.text:
@@ -221,11 +207,9 @@ def pair_problem(tls: DeterminedTls, host: str | None) -> tuple[str, str, str] |
     certs = x509.load_pem_x509_certificates(tls.certificate.text.encode())
     leaf = certs[0]
     shown = str(SecretRef("file", tls.certificate.path))
-    block, _ = pem_decode(tls.private_key.value.encode())
-    assert block is not None
-    mine = _public(serialization.load_der_private_key(block.body, password=None).public_key())
-    if mine != _public(leaf.public_key()):
-        if any(mine == _public(c.public_key()) for c in certs[1:]):
+    mismatch = key_mismatch(certs, tls.private_key)
+    if mismatch is not None:
+        if mismatch == "order":
             return (
                 "determined.tls.certificate",
                 shown,

@@ -48,6 +48,7 @@ from cryptography.x509 import verification
 from deploy.cluster.checks import check
 from deploy.cluster.keys import Key, Section
 from deploy.cluster.reader import Map, Reader
+from deploy.cluster.tls_pair import halves_given
 from deploy.secrets import REPO_ROOT, Secret, SecretRef, describe
 
 # A certificate chain is a few KiB; a bundle of every public CA is ~200 KiB.
@@ -394,31 +395,24 @@ def trial_address(host: str | None, node: Any) -> ipaddress.IPv4Address | ipaddr
     return names.get(host.rstrip(".").lower())
 
 
+def key_mismatch(certs: list[x509.Certificate], private_key: Secret) -> str | None:
+    """None when the key is the first certificate's; "order" when it is a later one's (the
+    file starts with an intermediate); "other" when it is none of theirs. The key is read as
+    key_problem read it: by its DER, whatever the label says (Go tries each format)."""
+    block, _ = pem_decode(private_key.value.encode())
+    assert block is not None
+    mine = _public(serialization.load_der_private_key(block.body, password=None).public_key())
+    if mine == _public(certs[0].public_key()):
+        return None
+    return "order" if any(mine == _public(c.public_key()) for c in certs[1:]) else "other"
+
+
 def check_tls(r: Reader, m: Map, storage: Any, nodes: Any) -> None:
     """The keys of storage.tls together, and with storage.endpoint_url and the storage node."""
     tls: StorageTls = storage.tls or OFF
     endpoint_url: str | None = storage.endpoint_url
-    raw = m.raw("tls")
-    written = raw if isinstance(raw, dict) else {}
-    given = {k: written.get(k) is not None for k in ("certificate", "private_key", "ca_certificate")}
-    if given["certificate"] and not given["private_key"]:
-        r.add(
-            "storage.tls.private_key",
-            "(missing)",
-            "storage.tls.certificate needs its private key: MinIO reads both",
-        )
-    if given["private_key"] and not given["certificate"]:
-        r.add(
-            "storage.tls.certificate",
-            "(missing)",
-            "storage.tls.private_key needs its certificate: MinIO reads both",
-        )
-    if given["ca_certificate"] and not given["certificate"]:
-        r.add(
-            "storage.tls.ca_certificate",
-            str(tls.ca_certificate or "(given)"),
-            "a CA without storage.tls.certificate",
-        )
+    both = ": MinIO reads both"
+    given = halves_given(r, m, "storage.tls", tls.ca_certificate, both, both)
     on = given["certificate"] and given["private_key"]
     written_url = endpoint_url if endpoint_url is not None and m.given("endpoint_url") else None
     scheme = urlsplit(written_url).scheme if written_url else None
@@ -446,13 +440,9 @@ def _check_pair(r: Reader, tls: StorageTls, host: str | None, node: Any) -> None
     certs = x509.load_pem_x509_certificates(tls.certificate.text.encode())
     leaf = certs[0]
     shown = str(SecretRef("file", tls.certificate.path))
-    # As key_problem read it: by its DER, whatever the label says (Go tries each format).
-    block, _ = pem_decode(tls.private_key.value.encode())
-    assert block is not None
-    key = serialization.load_der_private_key(block.body, password=None)
-    mine = _public(key.public_key())
-    if mine != _public(leaf.public_key()):
-        if any(mine == _public(c.public_key()) for c in certs[1:]):
+    mismatch = key_mismatch(certs, tls.private_key)
+    if mismatch is not None:
+        if mismatch == "order":
             r.add(
                 "storage.tls.certificate",
                 shown,

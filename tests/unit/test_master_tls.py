@@ -25,7 +25,15 @@ from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.determined_users import MasterUsers, program_command
 from roles import determined_common, determined_master, determined_tls
 from tests.unit.test_storage_roles import NASTY, write_cluster
-from tests.unit.tls_material import Issued, make_ca, make_intermediate, make_server, write
+from tests.unit.tls_material import (
+    Issued,
+    make_ca,
+    make_intermediate,
+    make_server,
+    pki_files,
+    tls_keys,
+    write,
+)
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 
 PROGRAM = determined_common.__file__.replace("roles/determined_common.py", "files/determined/master-users.py")
@@ -36,16 +44,7 @@ def pki(tmp_path):
     """A CA and a certificate for the master m1 in tmp files."""
     ca = make_ca("test master CA")
     server = make_server(ca, ["m1"], cn="determined-master")
-    d = tmp_path / "pki"
-    d.mkdir()
-    return {
-        "ca": ca,
-        "server": server,
-        "ca_file": write(d / "ca.crt", ca.cert_pem),
-        "cert_file": write(d / "master.crt", server.cert_pem),
-        "key_file": write(d / "master.key", server.key_pem(), 0o600),
-        "dir": d,
-    }
+    return pki_files(tmp_path, ca, server, "master")
 
 
 @pytest.fixture
@@ -62,16 +61,6 @@ def load(tmp_path, monkeypatch):
         return load_cluster(path)
 
     return load_with
-
-
-def tls_keys(pki, **changes) -> dict:
-    keys = {
-        "certificate": {"file": pki["cert_file"]},
-        "private_key": {"file": pki["key_file"]},
-        "ca_certificate": {"file": pki["ca_file"]},
-    }
-    keys.update(changes)
-    return {k: v for k, v in keys.items() if v is not None}
 
 
 def problems(load, *args, **kwargs) -> list[str]:

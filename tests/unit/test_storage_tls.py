@@ -21,7 +21,7 @@ from deploy.cluster import ClusterError, load_cluster
 from roles import determined_master, minio, minio_tls
 from tests.unit.test_standin_minio import SCRIPT, free_port
 from tests.unit.test_storage_roles import NASTY, write_cluster
-from tests.unit.tls_material import make_ca, make_intermediate, make_server, write
+from tests.unit.tls_material import make_ca, make_intermediate, make_server, pki_files, tls_keys, write
 from tests.verify.test_determined import KNOWN_MASTER, unknown_keys
 
 
@@ -30,16 +30,7 @@ def pki(tmp_path):
     """A CA and a certificate for the storage node m1 (name and address) in tmp files."""
     ca = make_ca()
     server = make_server(ca, ["m1", "127.0.0.1"])
-    d = tmp_path / "pki"
-    d.mkdir()
-    return {
-        "ca": ca,
-        "server": server,
-        "ca_file": write(d / "ca.crt", ca.cert_pem),
-        "cert_file": write(d / "minio.crt", server.cert_pem),
-        "key_file": write(d / "minio.key", server.key_pem(), 0o600),
-        "dir": d,
-    }
+    return pki_files(tmp_path, ca, server, "minio")
 
 
 @pytest.fixture
@@ -58,16 +49,6 @@ def load(tmp_path, monkeypatch):
         return load_cluster(path)
 
     return load_with
-
-
-def tls_keys(pki, **changes) -> dict:
-    keys = {
-        "certificate": {"file": pki["cert_file"]},
-        "private_key": {"file": pki["key_file"]},
-        "ca_certificate": {"file": pki["ca_file"]},
-    }
-    keys.update(changes)
-    return {k: v for k, v in keys.items() if v is not None}
 
 
 def problems(load, *args, **kwargs) -> list[str]:

@@ -93,6 +93,32 @@ def write(path: Path, data: bytes, mode: int = 0o644) -> str:
     return str(path)
 
 
+def pki_files(tmp_path: Path, ca: Issued, server: Issued, stem: str) -> dict:
+    """The CA and a server certificate with its key (0600) as files under tmp_path/pki: what
+    the TLS key tests point cluster.yaml at."""
+    d = tmp_path / "pki"
+    d.mkdir()
+    return {
+        "ca": ca,
+        "server": server,
+        "ca_file": write(d / "ca.crt", ca.cert_pem),
+        "cert_file": write(d / f"{stem}.crt", server.cert_pem),
+        "key_file": write(d / f"{stem}.key", server.key_pem(), 0o600),
+        "dir": d,
+    }
+
+
+def tls_keys(pki: dict, **changes) -> dict:
+    """A `tls` section naming pki_files' files; a change to None leaves that key out."""
+    keys = {
+        "certificate": {"file": pki["cert_file"]},
+        "private_key": {"file": pki["key_file"]},
+        "ca_certificate": {"file": pki["ca_file"]},
+    }
+    keys.update(changes)
+    return {k: v for k, v in keys.items() if v is not None}
+
+
 def make_intermediate(ca: Issued, cn: str = "test storage intermediate CA") -> Issued:
     """A CA certificate issued by `ca` (not self-signed)."""
     key = ec.generate_private_key(ec.SECP256R1())
