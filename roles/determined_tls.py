@@ -9,9 +9,10 @@ restarts them with their agent.yaml (roles/determined_agent.py, roles/determined
 /etc/determined/certs/ (0755 root), only with determined.tls:
   master node  master.crt (0644): the chain Determined serves and hands trials, re-encoded, ending
                at its root (deploy/cluster/master_tls.py served_chain); master.key (0600)
-  every node   master-ca.crt (0644): ca_certificate, else the master's chain. Agents name it in
-  with a role  agent.yaml's security.tls.master_cert; on the master it is what the deploy's own
-               checks there (the start-up wait, files/determined/master-users.py) trust.
+  every node   master-ca.crt (0644): ca_certificate, else the root of the master's chain. Agents
+  with a role  name it in agent.yaml's security.tls.master_cert; on the master it is what the
+               deploy's own checks there (the start-up wait, files/determined/master-users.py)
+               trust.
 Without determined.tls the directory is removed, keys and all: a stale private key has no
 business on a node, and master.yaml / agent.yaml no longer name it.
 """
