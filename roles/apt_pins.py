@@ -49,7 +49,8 @@ from roles.apt_pinsets import (
     sources_list,
     sources_list_path,
 )
-from roles.shared_ops import APT_LOCK_WAIT, DPKG_KEEP_CONFIG, fail, fetch_verified
+from roles.scripts import script
+from roles.shared_ops import APT_LOCK_WAIT, DPKG_KEEP_CONFIG, DPKG_LOCK_TIMEOUT, fail, fetch_verified
 
 # The verified keyring .deb stays on the node: each run compares the installed keyring with
 # it (and it with the pin) without downloading anything.
@@ -102,7 +103,7 @@ def hold(packages: list):
     if not todo:
         host.noop(f"held: {', '.join(packages)}")
         return
-    yield StringCommand("apt-mark hold " + " ".join(shlex.quote(p) for p in todo))
+    yield script("shared_ops/apt-mark-hold.sh", DPKG_LOCK_TIMEOUT, *todo)
 
 
 @operation()
@@ -162,8 +163,11 @@ def cuda_repo(cluster: Cluster) -> Repo:
 
 
 @deploy("Pinned packages")
-def pinned(pinset: PinSet, repo: Repo) -> OperationMeta:
-    """Update if needed, check, preferences, exact install, hold. Returns the install op."""
+def pinned(pinset: PinSet, repo: Repo, before_install: Callable[[], object] | None = None) -> OperationMeta:
+    """Update if needed, check, preferences, exact install, hold. Returns the install op.
+
+    `before_install` adds operations that run just before the install, on a host where it will
+    install something (a pin absent or at another version when planning)."""
     update_if_stale(
         name=f"apt-get update if the cache lacks {pinset.name}",
         pins=pinset.as_dict(),
@@ -178,6 +182,8 @@ def pinned(pinset: PinSet, repo: Repo) -> OperationMeta:
         dest=preferences_path(pinset),
         mode="644",
     )
+    if before_install is not None and not_at_pin(pinset.as_dict(), host.get_fact(DebPackages)):
+        before_install()
     first, *rest = pinset.install_args()
     # apt.packages installs only the pins not yet in place, in one apt-get run; a held package
     # at another version is moved too (--allow-change-held-packages), and stays held.

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import io
 import re
-import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
 from deploy.facts.apt import HeldPackages
-from roles.shared_ops import fail, packages
+from roles.scripts import script
+from roles.shared_ops import DPKG_LOCK_TIMEOUT, fail, packages
 
 # `uname -r` as a package-name suffix: what Debian and Ubuntu kernels print (5.15.0-91-generic,
 # 6.1.0-17-amd64). Anything else is refused before it reaches apt or a config file.
@@ -103,7 +103,7 @@ def hold_installed(candidates: list):
     if not todo:
         host.noop("the running kernel's packages are held")
         return
-    yield StringCommand("apt-mark hold " + " ".join(shlex.quote(p) for p in todo))
+    yield script("shared_ops/apt-mark-hold.sh", DPKG_LOCK_TIMEOUT, *todo)
 
 
 def hold(release: str) -> None:

@@ -27,7 +27,7 @@ from deploy.pins import ofed_release
 from roles import kernel
 from roles.apt_pinsets import os_release
 from roles.scripts import script
-from roles.shared_ops import fetch_verified, packages
+from roles.shared_ops import DPKG_LOCK_TIMEOUT, fetch_verified, packages
 
 WORK_DIR = "/var/cache/mlnx-ofed"
 OPENIBD = "/etc/init.d/openibd"
@@ -110,7 +110,7 @@ def install(tarball: str, release: str, work_dir: str = WORK_DIR, openibd: str =
         host.noop(f"{release} is installed")
         return
     top = unpacked_dir(tarball_name(tarball))
-    yield script("mofed/install.sh", tarball, work_dir, top, release, openibd)
+    yield script("mofed/install.sh", tarball, work_dir, top, release, openibd, DPKG_LOCK_TIMEOUT)
 
 
 @deploy("MLNX_OFED")

@@ -10,8 +10,9 @@ activate:  a reboot when the driver packages changed (reboot: auto), confirmed b
            /proc/sys/kernel/random/boot_id; with reboot: never, a warning that one is pending
 
 A reboot still owed from an interrupted run is remembered the Debian way, in
-/run/reboot-required(.pkgs): /run is empty again after a reboot, so the next deploy
-reboots only if the previous one did not get to it.
+/run/reboot-required(.pkgs), written just before the driver packages are installed: /run is
+empty again after a reboot, so the next deploy reboots only if the previous one did not get
+to it, wherever it stopped after the install.
 """
 
 from __future__ import annotations
@@ -147,16 +148,20 @@ def apply(cluster: Cluster, node: Node) -> None:
         dest=BLACKLIST,
         mode="644",
     )
-    installed = apt_pins.pinned(pinset=pinset, repo=repo)
+    # Remembered before the install, not after it: a run that stops between the two (a hold
+    # that fails, a lost connection) still leaves the next run the reboot it owes.
+    installed = apt_pins.pinned(
+        pinset=pinset,
+        repo=repo,
+        before_install=lambda: server.shell(
+            name="Remember that the new driver needs a reboot",
+            commands=[mark_reboot_required_shell(packages)],
+        ),
+    )
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=[REBUILD_INITRAMFS],
         _if=blacklist.did_change,
-    )
-    server.shell(
-        name="Remember that the new driver needs a reboot",
-        commands=[mark_reboot_required_shell(packages)],
-        _if=installed.did_change,
     )
 
     # Read while planning, i.e. before this run installs anything: a reboot an earlier run

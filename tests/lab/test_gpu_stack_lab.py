@@ -127,6 +127,31 @@ def test_second_run_changes_nothing_and_reboots_nothing(deployed, deploy, lab, l
     assert {n.hostname: boot_id(lab_ssh, n.hostname) for n in lab.nodes} == ids
 
 
+# apt-daily.service and unattended-upgrades hold dpkg's lock for minutes after a boot (their
+# timers fire at boot when a run was missed; the 32-node bench met it, and `apt-mark hold`
+# failed at once). A process holding dpkg's frontend lock the way dpkg does (fcntl) stands in.
+HOLD_DPKG_LOCK = (
+    "import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); "
+    "fcntl.lockf(f, fcntl.LOCK_EX); open('/run/dtlab-dpkg-locked', 'w').close(); time.sleep(25)"
+)
+
+
+def test_holds_wait_while_another_process_has_dpkgs_lock(deployed, deploy, lab, lab_ssh):
+    node = lab.agents[0].hostname
+    package = driver_pins(lab.versions.nvidia_driver).packages[0][0]
+    lab_ssh(node, f"apt-mark unhold {package} && rm -f /run/dtlab-dpkg-locked")
+    lab_ssh(node, f"systemd-run --collect --unit=dtlab-dpkg-lock python3 -c {shlex.quote(HOLD_DPKG_LOCK)}")
+    lab_ssh(node, "for i in $(seq 50); do [ -e /run/dtlab-dpkg-locked ] && exit 0; sleep 0.1; done; exit 1")
+    run = deploy(limit=node)
+    locked = lab_ssh(node, "systemctl is-active dtlab-dpkg-lock", check=False).stdout.strip()
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert package in lab_ssh(node, "apt-mark showhold").stdout.split()
+    # The hold waited for the lock rather than failing: the holder was gone when the deploy ended.
+    assert locked != "active"
+    changed = run.changed_operations()
+    assert changed and all("Hold " in name for name in changed), changed
+
+
 @pytest.fixture
 def wrong_ofed_sha_inventory(lab, tmp_path):
     raw = yaml.safe_load(lab.path.read_text())
