@@ -7,7 +7,9 @@ install:   linux-headers-$(uname -r) first (roles/kernel.py: nvidia-dkms-<branch
 configure: nouveau blacklisted; the initramfs rebuilt when that file changed (if the node
            has update-initramfs at all)
 activate:  a reboot when the driver packages changed (reboot: auto), confirmed by a new
-           /proc/sys/kernel/random/boot_id; with reboot: never, a warning that one is pending
+           /proc/sys/kernel/random/boot_id and nvidia-smi; a unit wanted at boot (BOOT_UNITS)
+           that failed during that boot is restarted once, and fails the host if it fails
+           again; with reboot: never, a warning that one is pending
 
 A reboot still owed from an interrupted run is remembered the Debian way, in
 /run/reboot-required(.pkgs), written just before the driver packages are installed: /run is
@@ -37,6 +39,10 @@ from roles.templates import files_path
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 REBOOT_REQUIRED = "/run/reboot-required"
+# What a GPU node needs from boot: MLNX_OFED's openibd (the SysV script's generated unit) for
+# the fabric, NVIDIA's persistence daemon and, on NVSwitch systems, its fabric manager.
+BOOT_UNITS = ("openibd.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
+BOOT_WAIT_SECONDS = 300
 
 REBUILD_INITRAMFS = (
     "if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; "
@@ -176,6 +182,11 @@ def apply(cluster: Cluster, node: Node) -> None:
         server.shell(
             name="The new driver is loaded: nvidia-smi answers with the pin",
             commands=[str(driver_loaded_check(cluster.versions.nvidia_driver))],
+            _if=rebooted.did_change,
+        )
+        server.shell(
+            name="The units wanted at boot came up (one that failed is restarted once)",
+            commands=[str(script("nvidia_driver/boot-units.sh", BOOT_WAIT_SECONDS, *BOOT_UNITS))],
             _if=rebooted.did_change,
         )
     else:
