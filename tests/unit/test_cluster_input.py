@@ -15,6 +15,7 @@ from deploy.cluster import ClusterError, checks, load_cluster
 from deploy.cluster.loader import Loader, surprise
 from deploy.cluster.reader import Reader
 
+from .labfiles import lab_text
 from .test_cluster import CORPUS_ENV, LAB, MINIMAL
 
 
@@ -250,11 +251,8 @@ def test_loader_is_pyyaml_safe():
 
 def lab_secrets(tmp_path: Path, text: str) -> str:
     """`text` with the lab's secret files in tmp_path, written by the lab's own code."""
-    from tests.lab.spec import ensure_secrets
-
-    text = text.replace("/var/lib/dtlab/secrets/", f"{tmp_path}/secrets/")
-    path = write(tmp_path, text)
-    made = ensure_secrets(path)
+    text = lab_text(tmp_path, text)
+    made = sorted((tmp_path / "dtlab" / "secrets").iterdir())
     assert len(made) == 4
     for secret in made:
         assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600

@@ -13,13 +13,15 @@ from deploy.facts.keyring import KeptKeyring
 from roles import apt_pins
 from tests.lab import debs
 
+from .labfiles import lab_text
+
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
 PIN = "ab" * 32
 
 
 def lab_with(tmp_path, block: str) -> Path:
-    text = LAB.read_text()
+    text = lab_text(tmp_path, LAB.read_text())
     start = text.index("  cuda_keyring:\n")
     end = text.index("  mofed_tarball:\n")
     path = tmp_path / "cluster.yaml"
@@ -27,8 +29,10 @@ def lab_with(tmp_path, block: str) -> Path:
     return path
 
 
-def test_the_lab_pins_its_folder_and_lookups_go_by_os():
-    sources = load_cluster(LAB).sources
+def test_the_lab_pins_its_folder_and_lookups_go_by_os(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(lab_text(tmp_path, LAB.read_text()))
+    sources = load_cluster(path).sources
     assert sources.cuda_keyring_sha256("debian", "12") == dict(sources.cuda_keyring)["debian12"]
     assert sources.cuda_keyring_sha256("ubuntu", "22.04") is None
 
