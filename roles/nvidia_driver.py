@@ -40,8 +40,10 @@ BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 REBOOT_REQUIRED = "/run/reboot-required"
 # What a GPU node needs from boot: MLNX_OFED's openibd (the SysV script's generated unit) for
-# the fabric, NVIDIA's persistence daemon and, on NVSwitch systems, its fabric manager.
-BOOT_UNITS = ("openibd.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service")
+# the fabric, and NVIDIA's persistence daemon (installed with the driver, at its version). Not
+# the fabric manager: after a driver change it refuses the new driver until roles/gpu_services.py
+# installs its matching version and restarts it, later in the same run.
+BOOT_UNITS = ("openibd.service", "nvidia-persistenced.service")
 BOOT_WAIT_SECONDS = 300
 
 REBUILD_INITRAMFS = (
