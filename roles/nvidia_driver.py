@@ -8,7 +8,7 @@ configure: nouveau blacklisted; the initramfs rebuilt when that file changed (if
            has update-initramfs at all)
 activate:  a reboot when the driver packages changed (reboot: auto), confirmed by a new
            /proc/sys/kernel/random/boot_id and nvidia-smi; a unit wanted at boot (BOOT_UNITS)
-           that failed during that boot is restarted once, and fails the host if it fails
+           that failed during that boot is started once more, and fails the host if it fails
            again; with reboot: never, a warning that one is pending
 
 A reboot still owed from an interrupted run is remembered the Debian way, in
@@ -187,7 +187,7 @@ def apply(cluster: Cluster, node: Node) -> None:
             _if=rebooted.did_change,
         )
         server.shell(
-            name="The units wanted at boot came up (one that failed is restarted once)",
+            name="The units wanted at boot came up (one that failed is started once more)",
             commands=[str(script("nvidia_driver/boot-units.sh", BOOT_WAIT_SECONDS, *BOOT_UNITS))],
             _if=rebooted.did_change,
         )

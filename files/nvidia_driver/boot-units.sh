@@ -2,7 +2,7 @@
 # boot-units.sh SECONDS UNIT..., from roles/nvidia_driver.py after its reboot.
 # After the driver's reboot: the units a node needs from boot are active. A unit that failed
 # during that boot (a module load that raced, a cgroup the kernel refused under load: systemd's
-# status 219/CGROUP) is restarted once; one that fails again fails this host, named, rather than
+# status 219/CGROUP) is started once more; one that fails again fails this host, named, rather than
 # leaving a node whose fabric or GPUs are down for verify to find.
 # SECONDS: how long to wait for the boot to finish; absent units are skipped.
 set -u
@@ -14,11 +14,14 @@ still=""
 for unit in "$@"; do
     # True only for a unit in the failed state (an absent or inactive unit is not).
     systemctl is-failed --quiet "$unit" || continue
-    echo "$unit failed during the boot: restarting it once" >&2
+    echo "$unit failed during the boot: starting it once more" >&2
     systemctl reset-failed "$unit"
-    systemctl restart "$unit" || still="$still $unit"
+    # start, not restart: a failed unit is not running, and restart (stop, then start) is
+    # refused by a unit with RefuseManualStop=true, as MLNX_OFED's openibd.service is ("Operation
+    # refused, unit openibd.service may be requested by dependency only").
+    systemctl start "$unit" || still="$still $unit"
 done
 if [ -n "$still" ]; then
-    echo "failed again after a restart:$still (journalctl -b -u <unit>)" >&2
+    echo "failed again when started once more:$still (journalctl -b -u <unit>)" >&2
     exit 1
 fi
