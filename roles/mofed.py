@@ -1,6 +1,7 @@
 """MLNX_OFED on every node, from the tarball cluster.yaml pins by URL and sha256.
 
-skip:      when `ofed_info -s` already names the pinned release
+skip:      when `ofed_info -s` already names the pinned release; openibd is then started if it
+           is not active (it failed at boot)
 download:  shared_ops.fetch_verified: sha256-checked before it takes the tarball's name; a
            mismatch deletes the download and stops this host (pyinfra's files.download would
            leave the unverified file in place)
@@ -20,6 +21,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import systemd
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.fabric import OfedRelease
@@ -31,6 +33,7 @@ from roles.shared_ops import DPKG_LOCK_TIMEOUT, fetch_verified, packages
 
 WORK_DIR = "/var/cache/mlnx-ofed"
 OPENIBD = "/etc/init.d/openibd"
+OPENIBD_UNIT = "openibd.service"
 # What the installer checks for before it builds and installs, on Ubuntu (deb) systems:
 # - mlnxofedinstall's "Checking SW Requirements" (status 172 with an apt-get line):
 #   python3 lsof pciutils ethtool;
@@ -124,6 +127,11 @@ def apply(cluster: Cluster, node: Node) -> None:
     kernel.install_headers(running)
     if host.get_fact(OfedRelease) == release:
         host.noop(f"MLNX_OFED: ofed_info -s says {release}")
+        # An openibd that failed (at boot: the 32-node bench met it) leaves the node without
+        # the fabric's modules and /dev/infiniband: a re-run starts it. pyinfra counts a
+        # oneshot's "exited" as running, so an active openibd is a no-op; start, not restart,
+        # which MLNX_OFED's unit refuses (RefuseManualStop=true).
+        systemd.service(name="openibd is active", service=OPENIBD_UNIT, running=True)
         kernel.hold(running)
         return
     distribution = host.get_fact(LinuxDistribution)

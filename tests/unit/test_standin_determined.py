@@ -390,7 +390,10 @@ def test_agent_registers_visible_gpus_heartbeats_and_says_goodbye(tmp_path, stub
         agent.kill()
     paths = stub_master.paths()
     assert paths[:2] == ["GET /agents/setup", "POST /agents/started"]
-    assert paths[-1] == "DELETE /agents"
+    # The goodbye is the last call but for a work poll already in flight when SIGTERM came
+    # (its thread's request can reach the stub after the goodbye on a loaded machine).
+    goodbye = paths.index("DELETE /agents")
+    assert set(paths[goodbye + 1 :]) <= {"GET /agents/work"}, paths[goodbye:]
     started = next(body for m, p, body in stub_master.calls if p.startswith("/agents/started"))
     assert [d["id"] for d in started["devices"]] == [0, 1, 2, 3]
     assert started["devices"][0] == {"id": 0, "brand": GPUS[0][1], "uuid": GPUS[0][2], "type": "cuda"}
