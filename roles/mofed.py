@@ -1,7 +1,7 @@
 """MLNX_OFED on every node, from the tarball cluster.yaml pins by URL and sha256.
 
-skip:      when `ofed_info -s` already names the pinned release; openibd is then started if it
-           is not active (it failed at boot)
+skip:      when `ofed_info -s` already names the pinned release; openibd is then started if
+           its unit failed (at boot)
 download:  shared_ops.fetch_verified: sha256-checked before it takes the tarball's name; a
            mismatch deletes the download and stops this host (pyinfra's files.download would
            leave the unverified file in place)
@@ -25,6 +25,7 @@ from pyinfra.operations import systemd
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.fabric import OfedRelease
+from deploy.facts.system import UnitState
 from deploy.pins import ofed_release
 from roles import kernel
 from roles.apt_pinsets import os_release
@@ -128,10 +129,12 @@ def apply(cluster: Cluster, node: Node) -> None:
     if host.get_fact(OfedRelease) == release:
         host.noop(f"MLNX_OFED: ofed_info -s says {release}")
         # An openibd that failed (at boot: the 32-node bench met it) leaves the node without
-        # the fabric's modules and /dev/infiniband: a re-run starts it. pyinfra counts a
-        # oneshot's "exited" as running, so an active openibd is a no-op; start, not restart,
-        # which MLNX_OFED's unit refuses (RefuseManualStop=true).
-        systemd.service(name="openibd is active", service=OPENIBD_UNIT, running=True)
+        # the fabric's modules and /dev/infiniband: a re-run starts it. Only a failed one: after
+        # an install (install.sh runs the init script itself) the unit is inactive until the
+        # next boot, with the modules loaded. Start, not restart, which MLNX_OFED's unit
+        # refuses (RefuseManualStop=true).
+        if host.get_fact(UnitState, unit=OPENIBD_UNIT)[0] == "failed":
+            systemd.service(name="openibd is active", service=OPENIBD_UNIT, running=True)
         kernel.hold(running)
         return
     distribution = host.get_fact(LinuxDistribution)
