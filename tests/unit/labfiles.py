@@ -4,7 +4,6 @@ controller where no lab was ever brought up, and must not read or write a runnin
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from tests.lab.spec import ensure_secrets
@@ -14,19 +13,13 @@ LAB_STATE = "/var/lib/dtlab/"
 
 def lab_text(tmp_path: Path, text: str) -> str:
     """`text` (a lab cluster.yaml) naming files under tmp_path, which exist: the secrets made
-    by the lab's own code (0600), the registry CA a real self-signed certificate."""
+    by the lab's own code (0600), the registry CA the same one-line stand-in as
+    test_cluster.lab_copy's (the loader checks for the PEM line, nothing reads further)."""
     text = text.replace(LAB_STATE, f"{tmp_path}/dtlab/")
     path = tmp_path / "dtlab-cluster.yaml"
     path.write_text(text)
     ensure_secrets(path)
     ca = tmp_path / "dtlab" / "registry" / "ca.crt"
-    if not ca.exists():
-        ca.parent.mkdir(parents=True, exist_ok=True)
-        key = ca.with_name("ca.key")
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-            + ["-keyout", str(key), "-out", str(ca), "-days", "1", "-subj", "/CN=unit test CA"],
-            capture_output=True,
-            check=True,
-        )
+    ca.parent.mkdir(parents=True, exist_ok=True)
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
     return text
