@@ -32,7 +32,7 @@ from pyinfra.operations import files, python, server
 
 from deploy.cluster import Cluster, Node
 from deploy.pins import driver_pins
-from roles import apt_pins, kernel
+from roles import apt_pins, kernel, mofed
 from roles.scripts import script
 from roles.templates import files_path
 
@@ -43,7 +43,7 @@ REBOOT_REQUIRED = "/run/reboot-required"
 # the fabric, and NVIDIA's persistence daemon (installed with the driver, at its version). Not
 # the fabric manager: after a driver change it refuses the new driver until roles/gpu_services.py
 # installs its matching version and restarts it, later in the same run.
-BOOT_UNITS = ("openibd.service", "nvidia-persistenced.service")
+BOOT_UNITS = (mofed.OPENIBD_UNIT, "nvidia-persistenced.service")
 BOOT_WAIT_SECONDS = 300
 
 REBUILD_INITRAMFS = (
