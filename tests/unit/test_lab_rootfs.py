@@ -2,6 +2,7 @@
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,27 @@ def test_success_runs_once(fake_debootstrap, tmp_path):
     runs = fake_debootstrap(fails=0)
     rootfs.debootstrap(tmp_path / "base.tmp", log=lambda _: None)
     assert runs.read_text().strip() == "1"
+
+
+def test_package_tuning_is_what_dpkg_and_apt_read(tmp_path):
+    """The node's dpkg skips fsync and documentation, its apt keeps no .deb: files in the
+    directories dpkg (/etc/dpkg/dpkg.cfg.d) and apt (/etc/apt/apt.conf.d) read, in their
+    syntax, readable by both."""
+    rootfs.write_package_tuning(tmp_path)
+    dpkg = tmp_path / "etc/dpkg/dpkg.cfg.d/dtlab-tuning"
+    apt = tmp_path / "etc/apt/apt.conf.d/99dtlab-tuning"
+    assert dpkg.read_text().splitlines() == [
+        "force-unsafe-io",
+        "path-exclude=/usr/share/man/*",
+        "path-exclude=/usr/share/doc/*",
+        "path-include=/usr/share/doc/*/copyright",
+    ]
+    # apt itself parses it (apt-config: the value apt-get would use).
+    proc = subprocess.run(
+        ["apt-config", "-c", str(apt), "shell", "KEEP", "APT::Keep-Downloaded-Packages/b"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.strip() == "KEEP='false'"
+    assert stat.S_IMODE(dpkg.stat().st_mode) == stat.S_IMODE(apt.stat().st_mode) == 0o644
