@@ -39,6 +39,7 @@ from deploy.pins import (
     CUDA_KEYRING_VERSION,
     PinSet,
 )
+from roles.apt_lists import update_command
 from roles.apt_pinsets import (
     missing_from_repo,
     not_at_pin,
@@ -50,7 +51,13 @@ from roles.apt_pinsets import (
     sources_list_path,
 )
 from roles.scripts import script
-from roles.shared_ops import APT_LOCK_WAIT, DPKG_KEEP_CONFIG, DPKG_LOCK_TIMEOUT, fail, fetch_verified
+from roles.shared_ops import (
+    APT_LOCK_WAIT,
+    DPKG_KEEP_CONFIG,
+    DPKG_LOCK_TIMEOUT,
+    fail,
+    fetch_verified,
+)
 
 # The verified keyring .deb stays on the node: each run compares the installed keyring with
 # it (and it with the pin) without downloading anything.
@@ -64,7 +71,7 @@ def update_if_stale(pins: dict, repo_url: str, sources_changed: Callable[[], boo
     """`apt-get update` when the sources list changed, or a version still to install is not
     in apt's cache (a node already on its pins needs no update, whatever the mirror holds)."""
     if sources_changed is not None and state.is_executing and sources_changed():
-        yield StringCommand(f"apt-get {APT_LOCK_WAIT} update")
+        yield update_command()
         return
     wrong = not_at_pin(pins, host.get_fact(DebPackages))
     if not wrong:
@@ -74,7 +81,7 @@ def update_if_stale(pins: dict, repo_url: str, sources_changed: Callable[[], boo
     if not missing_from_repo(wrong, offered, repo_url):
         host.noop(f"apt's cache offers {', '.join(sorted(wrong))} from {repo_url}")
         return
-    yield StringCommand(f"apt-get {APT_LOCK_WAIT} update")
+    yield update_command()
 
 
 @operation()

@@ -22,11 +22,12 @@ import io
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import apt, files, postgres, systemd
+from pyinfra.operations import files, postgres, systemd
 from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.trust import OpenPgpKeys
+from roles.apt_lists import update_lists
 from roles.postgresql_role import digest_key, role
 from roles.postgresql_role import (  # re-exported: the role's password handling, for its tests
     password_matches as password_matches,
@@ -107,7 +108,7 @@ def _pgdg_source(codename: str) -> None:
         dest=PGDG_LIST,
         mode="644",
     )
-    apt.update(name="Refresh apt lists for PGDG", _if=any_changed(key, source))
+    update_lists(name="Refresh apt lists for PGDG", _if=any_changed(key, source))
 
 
 @deploy("PostgreSQL for Determined")

@@ -13,7 +13,8 @@ nothing when that state is already right: a second deploy reports no change.
 - `secret_file`: a 0600 file whose content never appears in pyinfra's output, not even with
   `--diff` (files.put/files.template print the whole content there), nor any hash of it.
 - `fail`: the one way a role stops its host.
-- `packages`: apt packages, refreshing the apt lists first only when something is missing.
+- `packages`: apt packages, refreshing the apt lists first (roles/apt_lists.py) only when
+  something is missing.
 - `wait_for_http`: poll a URL on the node until it answers 200.
 - `on_controller`: a step that runs on the controller (an API call), failing one host cleanly.
 """
@@ -32,13 +33,10 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import apt, server
 
 from deploy.facts.trust import SecretFileState
+from roles.apt_lists import DPKG_LOCK_TIMEOUT, update_lists
 from roles.scripts import script
 
-# Seconds apt waits for the dpkg lock (held by an unattended upgrade, say) before failing.
-# pyinfra 3.10's apt operations neither wait nor retry: without this a node that happens to
-# run an unattended upgrade fails the deploy. roles/apt_proxy.py writes the same value into
-# apt.conf.d for every apt run; APT_LOCK_WAIT passes it on our own command lines too.
-DPKG_LOCK_TIMEOUT = 600
+# DPKG_LOCK_TIMEOUT (roles/apt_lists.py) on our own apt command lines.
 APT_LOCK_WAIT = f"-o DPkg::Lock::Timeout={DPKG_LOCK_TIMEOUT}"
 # The site mirror's login for downloads outside apt (sources.mirror_credentials; written by
 # roles/apt_proxy.py, root 0600): files/shared_ops/fetch-verified.sh names the same path.
@@ -184,7 +182,7 @@ def packages(names: list[str], what: str):
 
     An unconditional update would count as a change on every deploy.
     """
-    apt.update(name=f"Refresh apt lists for {what}", _if=lambda: bool(missing_packages(names)))
+    update_lists(name=f"Refresh apt lists for {what}", _if=lambda: bool(missing_packages(names)))
     return apt.packages(name=f"Install {what}", packages=names, extra_install_args=APT_LOCK_WAIT)
 
 

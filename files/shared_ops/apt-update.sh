@@ -1,0 +1,27 @@
+# apt-update.sh TIMEOUT [ATTEMPTS] [DELAY]: `apt-get update` that fails when a repository's
+# index could not be fetched, tried ATTEMPTS times (default 3), DELAY seconds apart (default 10);
+# TIMEOUT is how long it waits for dpkg's lock (DPkg::Lock::Timeout).
+# Why: plain `apt-get update` exits 0 when an index could not be fetched ("W: Failed to fetch
+# ...", "W: Some index files failed to download. They have been ignored, or old ones used
+# instead."): the node then installs from stale lists or none, and fails later with a wrong
+# cause. APT::Update::Error-Mode=any (apt >= 2.1.16, `--error-on=any`; older apt ignores the
+# key) makes it an error. A caching proxy can fail a request for a moment: at 64 nodes the
+# lab's apt-cacher-ng, refreshing one InRelease for many nodes in the same second, logged
+# "Failure to move file ... out of the way" and two nodes' updates went on without NVIDIA's
+# repository. So a failed update is tried again before the host fails.
+timeout=$1
+attempts=${2:-3}
+delay=${3:-10}
+attempt=1
+while :; do
+    if apt-get -o DPkg::Lock::Timeout="$timeout" -o APT::Update::Error-Mode=any update; then
+        exit 0
+    fi
+    if [ "$attempt" -ge "$attempts" ]; then
+        echo "apt-get update: an index could not be fetched, $attempts times (above)" >&2
+        exit 1
+    fi
+    echo "apt-get update: an index could not be fetched (attempt $attempt of $attempts): again in ${delay}s" >&2
+    sleep "$delay"
+    attempt=$((attempt + 1))
+done

@@ -1,0 +1,112 @@
+"""files/shared_ops/apt-update.sh against a real apt-get and a repository behind an HTTP server
+that fails its first requests, the way a loaded caching proxy does (503)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from roles.scripts import script
+
+pytestmark = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("apt-get", "apt-cache")), reason="needs apt"
+)
+
+
+def serve(repo: Path, failures: int):
+    """An HTTP server for `repo` that answers its first `failures` requests with 503."""
+    left = [failures]
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(repo), **kwargs)
+
+        def do_GET(self):
+            if left[0] > 0:
+                left[0] -= 1
+                self.send_error(503, "Service Unavailable")
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def node(tmp_path):
+    """An apt root (Dir=) whose one source is the served repository; yields (serve, run, cache)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "Packages").write_text(
+        "Package: nvidia-utils-515\nVersion: 515.65.01-0ubuntu1\nArchitecture: all\n"
+        "Maintainer: lab\nFilename: ./nvidia-utils-515.deb\nSize: 1\nDescription: x\n\n"
+    )
+    (repo / "Release").write_text("Origin: NVIDIA\nLabel: NVIDIA\nArchitectures: all\n")
+    root = tmp_path / "root"
+    for d in ("etc/apt/apt.conf.d", "etc/apt/sources.list.d", "var/lib/apt/lists/partial", "var/lib/dpkg"):
+        (root / d).mkdir(parents=True)
+    (root / "var/lib/dpkg/status").write_text("")
+    # apt reads APT_CONFIG before its command line: the same Dir for every apt run in the script.
+    conf = root / "apt.conf"
+    conf.write_text(
+        f'Dir "{root}/";\nDir::State::status "{root}/var/lib/dpkg/status";\nDebug::NoLocking "1";\n'
+        f'APT::Sandbox::User "{os.environ.get("USER", "root")}";\nAcquire::Retries "0";\n'
+    )
+    env = {**os.environ, "LC_ALL": "C", "APT_CONFIG": str(conf)}
+    servers = []
+
+    def start(failures: int) -> None:
+        server = serve(repo, failures)
+        servers.append(server)
+        (root / "etc/apt/sources.list").write_text(
+            f"deb [trusted=yes] http://127.0.0.1:{server.server_port}/ /\n"
+        )
+
+    def run(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, check=False)
+
+    def offered() -> str:
+        return run("apt-cache madison nvidia-utils-515").stdout
+
+    yield start, run, offered
+    for server in servers:
+        server.shutdown()
+
+
+def test_plain_apt_get_update_hides_a_failed_fetch(node):
+    """Why the script exists: apt-get update exits 0 and the package is simply not there."""
+    start, run, offered = node
+    start(failures=1)
+    proc = run("apt-get update")
+    assert proc.returncode == 0, proc.stderr
+    assert "503" in proc.stderr or "503" in proc.stdout
+    assert "nvidia-utils-515" not in offered()
+
+
+def test_a_failed_fetch_is_tried_again(node):
+    start, run, offered = node
+    start(failures=1)
+    proc = run(script("shared_ops/apt-update.sh", 600, 3, 0).get_raw_value())
+    assert proc.returncode == 0, proc.stderr
+    assert "(attempt 1 of 3)" in proc.stderr
+    assert "515.65.01-0ubuntu1" in offered()
+
+
+def test_a_fetch_that_keeps_failing_fails_the_host(node):
+    start, run, offered = node
+    start(failures=1000)
+    proc = run(script("shared_ops/apt-update.sh", 600, 2, 0).get_raw_value())
+    assert proc.returncode == 1
+    assert "503" in proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("apt-get update: an index could not be fetched, 2 times (above)")
+    assert "nvidia-utils-515" not in offered()
