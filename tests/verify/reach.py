@@ -196,7 +196,10 @@ def run(
         on_answer(node.hostname, None)
         try:
             # Bounded: each connect waits at most `timeout`, refused ones are tried 3 times.
-            _, stdout, stderr = client.exec_command(command, timeout=4 * timeout + 10)
+            # paramiko's exec_command bounds the session's opening by the same figure: on a node
+            # under load sshd and PAM (pam_systemd asking logind for a session) took more than
+            # 30 s to open one, with the node up (64-node bench, 2 cores): 30 s more for that.
+            _, stdout, stderr = client.exec_command(command, timeout=4 * timeout + 40)
             out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
             status = stdout.channel.recv_exit_status()
             if status != 0:
