@@ -6,8 +6,8 @@
 # instead."): the node then installs from stale lists or none, and fails later with a wrong
 # cause. APT::Update::Error-Mode=any (apt >= 2.1.16, `--error-on=any`; older apt ignores the
 # key) makes it an error. A caching proxy can fail a request for a moment: at 64 nodes the
-# lab's apt-cacher-ng, refreshing one InRelease for many nodes in the same second, logged
-# "Failure to move file ... out of the way" and two nodes' updates went on without NVIDIA's
+# lab's apt-cacher-ng, with ~40 nodes refreshing their lists at once, answered two nodes'
+# requests for NVIDIA's index with 503, and their updates went on without NVIDIA's
 # repository. So a failed update is tried again before the host fails.
 timeout=$1
 attempts=${2:-3}
