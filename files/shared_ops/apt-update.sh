@@ -6,9 +6,9 @@
 # instead."): the node then installs from stale lists or none, and fails later with a wrong
 # cause. APT::Update::Error-Mode=any (apt's `--error-on=any`, also in Ubuntu 20.04's updated
 # apt; an apt without it ignores the key) makes it an error. A caching proxy can fail a
-# request for a moment: at 64 nodes the lab's apt-cacher-ng, with ~40 nodes refreshing their lists at once, answered two nodes'
-# requests for NVIDIA's index with 503, and their updates went on without NVIDIA's
-# repository. So a failed update is tried again before the host fails.
+# request for a moment: at 64 nodes the lab's apt-cacher-ng, with ~40 nodes refreshing their
+# lists at once, answered two nodes' requests for NVIDIA's index with 503, and their updates
+# went on without NVIDIA's repository. So a failed update is tried again before the host fails.
 timeout=$1
 attempts=${2:-3}
 delay=${3:-10}
