@@ -52,7 +52,6 @@ def run() -> None:
     preflight.apply(cluster=cluster, node=node)
     apt_proxy.apply(cluster=cluster, node=node)
     hosts.apply(cluster=cluster, node=node)
-    ipoib.apply(cluster=cluster, node=node)
     firewall.apply(cluster=cluster, node=node)
     # storage.tls.ca_certificate in every node's trust store (or gone): the master, pg-backup
     # and trial containers (the agents' whole bundle, bind-mounted: so before any Determined
@@ -61,6 +60,9 @@ def run() -> None:
     # Before the driver: its DKMS build makes nvidia-peermem only against MLNX_OFED's RDMA
     # headers (NVIDIA's GPUDirect RDMA docs: a driver installed first must be reinstalled).
     mofed.apply(cluster=cluster, node=node)
+    # After the fabric's stack: the IPoIB interface exists only once ib_ipoib is loaded, which
+    # on a bare node MLNX_OFED's openibd does (no rdma-core udev rules before it).
+    ipoib.apply(cluster=cluster, node=node)
     if "agent" in roles:
         nvidia_driver.apply(cluster=cluster, node=node)
     if "agent" in roles:

@@ -62,13 +62,6 @@ def trial_endpoint(cluster: Cluster) -> str:
 def master_yaml(cluster: Cluster) -> str:
     storage = cluster.storage
     determined = cluster.determined
-    # task_container_defaults has no per-agent value. NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
-    # take a comma-separated list (NCCL's environment-variable docs; torch.distributed's docs
-    # for Gloo), so agents whose ports are named differently (nodes[].ipoib_interface) are all
-    # covered; dtrain_network_interface is one name, so it is set only when the agents agree
-    # and otherwise left to Determined's own choice.
-    names = sorted({a.ipoib_interface for a in cluster.agents}) or [cluster.network.ipoib.interface]
-    fabric = names[0] if len(names) == 1 else None
     return render(
         "determined/master.yaml.j2",
         port=cluster.master_port,
@@ -85,8 +78,7 @@ def master_yaml(cluster: Cluster) -> str:
         image_gpu=site_ref(cluster, determined.task_image.gpu),
         image_cpu=site_ref(cluster, determined.task_image.cpu),
         shm_size_bytes=determined.shm_size_bytes,
-        fabric_interface=fabric,
-        fabric_interfaces=",".join(names),
+        fabric_interface=cluster.dtrain_interface,
         # storage.tls.ca_certificate: the node's bundle with it (roles/minio_tls.py), read-only.
         storage_ca=minio_tls.trial_bundle(cluster),
         tls=determined_tls.master_security(cluster),

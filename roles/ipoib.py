@@ -6,6 +6,14 @@ the way netplan and ifupdown match it. A match by driver would be ambiguous on G
 one HCA per GPU pair (every port is ib_ipoib), and a port GUID changes with the card and must
 be collected per node anyway. A node without that interface fails here, naming the InfiniBand
 interfaces it does have, instead of passing until verify finds no address.
+
+This role runs after MLNX_OFED's (deploy/site.py): the IPoIB interface exists only once
+ib_ipoib is loaded, which on a bare Ubuntu node without rdma-core nothing does until
+MLNX_OFED's openibd loads the stack (its openib.conf: IPOIB_LOAD=yes). On a node's first
+deploy the interface is therefore missing while pyinfra plans (facts are read before any
+operation runs), and appears when the MLNX_OFED role's install has run: then one operation,
+`configure_when_present`, looks again when it runs and writes and applies the same file the
+planned path writes, so the next deploy finds it in place and changes nothing.
 """
 
 from __future__ import annotations
@@ -79,24 +87,83 @@ def drop_stale(directory: str, keep: str) -> list:
     return [files.file(name=f"No stale {path}", path=path, present=False) for path in found if path != keep]
 
 
+def netplan_apply(interface: str) -> str:
+    # What `netplan apply` does for networkd, for this link alone: apply would also reconfigure
+    # every other networkd link (the management one this SSH session runs over) and re-trigger
+    # udev for all of them (`udevadm trigger` fails where /sys is read-only, as in a container).
+    # The file renames nothing, and networkd sets the MTU from the .network file itself.
+    return (
+        "netplan generate && systemctl daemon-reload && systemctl start systemd-networkd.service "
+        f"&& networkctl reload && networkctl reconfigure {interface}"
+    )
+
+
+def ifup(interface: str) -> str:
+    return f"ifdown --force {interface} 2>/dev/null; ip addr flush dev {interface}; ifup {interface}"
+
+
 @deploy("IPoIB")
 def apply(cluster: Cluster, node: Node) -> None:
     ib = cluster.network.ipoib
     interface = node.ipoib_interface
     links = host.get_fact(NetLinkTypes)
-    interface_present(name=f"IPoIB interface {interface} present", node=node, links=links)
-    if interface not in links:
-        return
-
+    features = host.get_fact(NetplanFeatures)
     cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
+    if interface not in links:
+        # Not there while the plan is made: the MLNX_OFED role before this one may be about to
+        # load ib_ipoib (a first deploy). Decide when the step runs, not now.
+        if features is None:
+            _ifupdown_base()
+        configure_when_present(
+            name=f"IPoIB interface {interface} present and configured",
+            cluster=cluster,
+            node=node,
+            netplan=features is not None,
+        )
+        return
+    interface_present(name=f"IPoIB interface {interface} present", node=node, links=links)
+
     current = host.get_fact(NetDevice, interface=interface)
     in_place = current["up"] and current["addresses"] == [cidr] and current["mtu"] == ib.mtu
     # Known drift is an unconditional step (no _if), so a dry run shows it as a change.
-    features = host.get_fact(NetplanFeatures)
     if features is not None:
         _netplan(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], features), in_place)
     else:
         _ifupdown(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], None), in_place)
+
+
+@operation()
+def configure_when_present(cluster: Cluster, node: Node, netplan: bool):
+    """The interface's file and its activation, decided from the node as this step runs.
+
+    For an interface that did not exist while the deploy was planned (see the module's
+    docstring): the same file as the planned path (netplan_doc / ifupdown_stanza, the mode
+    from the link type found now), always applied, since nothing configured it before.
+    """
+    interface = node.ipoib_interface
+    links = host.get_fact(NetLinkTypes)
+    if interface not in links:
+        yield fail(missing_message(node, links))
+        return
+    ib = cluster.network.ipoib
+    cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
+    if netplan:
+        mode = ib_mode(cluster, links[interface], host.get_fact(NetplanFeatures))
+        dest = netplan_path(interface)
+        for path in host.get_fact(ManagedFiles, directory=NETPLAN_DIR, header=HEADER):
+            if path != dest:
+                yield from files.file._inner(path=path, present=False)
+        text = netplan_doc(interface, cidr, ib.mtu, mode)
+        yield from files.put._inner(src=StringIO(text), dest=dest, mode="600")
+        yield netplan_apply(interface)
+    else:
+        dest = f"{IFUPDOWN_DIR}/{interface}"
+        for path in host.get_fact(ManagedFiles, directory=IFUPDOWN_DIR, header=HEADER):
+            if path != dest:
+                yield from files.file._inner(path=path, present=False)
+        text = ifupdown_stanza(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], None))
+        yield from files.put._inner(src=StringIO(text), dest=dest, mode="644")
+        yield ifup(interface)
 
 
 def _netplan(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
@@ -109,21 +176,14 @@ def _netplan(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bo
         dest=dest,
         mode="600",
     )
-    # What `netplan apply` does for networkd, for this link alone: apply would also reconfigure
-    # every other networkd link (the management one this SSH session runs over) and re-trigger
-    # udev for all of them (`udevadm trigger` fails where /sys is read-only, as in a container).
-    # The file renames nothing, and networkd sets the MTU from the .network file itself.
     server.shell(
         name=f"Apply netplan to {interface}",
-        commands=[
-            "netplan generate && systemctl daemon-reload && systemctl start systemd-networkd.service "
-            f"&& networkctl reload && networkctl reconfigure {interface}"
-        ],
+        commands=[netplan_apply(interface)],
         _if=[any_changed(conf, *stale)] if in_place else [],
     )
 
 
-def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
+def _ifupdown_base() -> None:
     packages(["ifupdown"], "ifupdown")
     files.line(
         name="interfaces sources interfaces.d",
@@ -131,6 +191,10 @@ def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: b
         line=r"^source /etc/network/interfaces.d/\*",
         replace="source /etc/network/interfaces.d/*",
     )
+
+
+def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
+    _ifupdown_base()
     dest = f"{IFUPDOWN_DIR}/{interface}"
     drop_stale(IFUPDOWN_DIR, dest)
     conf = files.put(
@@ -141,6 +205,6 @@ def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: b
     )
     server.shell(
         name=f"Bring {interface} up",
-        commands=[f"ifdown --force {interface} 2>/dev/null; ip addr flush dev {interface}; ifup {interface}"],
+        commands=[ifup(interface)],
         _if=[conf.did_change] if in_place else [],
     )

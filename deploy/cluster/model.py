@@ -584,8 +584,15 @@ class Cluster:
     def agents(self) -> tuple[Node, ...]:
         return self.nodes_with("agent")
 
-    def to_json(self) -> dict:
-        # pyinfra's JSON output (debug-inventory, --json) calls this; keep it short.
+    @property
+    def fabric_interfaces(self) -> tuple[str, ...]:  # NCCL_/GLOO_SOCKET_IFNAME take comma lists
+        return tuple(sorted({a.ipoib_interface for a in self.agents})) or (self.network.ipoib.interface,)
+
+    @property
+    def dtrain_interface(self) -> str | None:  # one name: only when every agent's port has it
+        return self.fabric_interfaces[0] if len(self.fabric_interfaces) == 1 else None
+
+    def to_json(self) -> dict:  # pyinfra's JSON output (debug-inventory, --json): keep it short
         return {
             "file": str(self.path),
             "master_host": self.master_host,

@@ -30,7 +30,7 @@ class Target:
     agent_slots: int  # the most slots one Determined agent offers
     nvlink_slots: int | None  # largest trial inside one NVLink domain on every node; None: unknown
     resource_pool: str
-    fabric_interfaces: str  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME as master.yaml sets them
+    fabric_interfaces: str  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for trials that span agents
     agent_sizes: tuple[int, ...] | None  # every agent's slots; None: a per_domain node's are unknown
     total_slots: int
 
@@ -83,7 +83,5 @@ def load(path: str, nvlink_slots: int | None = None) -> Target:
         total_slots=sum(n.slots or 0 for n in cluster.agents),
         nvlink_slots=nvlink_slots,
         resource_pool=cluster.determined.resource_pool,
-        fabric_interfaces=",".join(
-            sorted({a.ipoib_interface for a in cluster.agents}) or [cluster.network.ipoib.interface]
-        ),
+        fabric_interfaces=",".join(cluster.fabric_interfaces),
     )

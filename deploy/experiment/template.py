@@ -36,6 +36,33 @@ def _q(value: str) -> str:
     return json.dumps(value)  # a JSON string is a YAML scalar: no surprise from ':', '@', '#'
 
 
+def spans_agents(target: Target, slots: int) -> bool:
+    """Whether Determined must place the trial on more than one agent: more slots than the
+    largest agent offers. Such a trial runs on the host network (the node's IPoIB port is
+    there); one that fits on an agent runs on Docker's bridge network, with eth0 and lo only
+    (master/internal/rm/agentrm: host networking only for multi-agent trials)."""
+    return slots > target.agent_slots
+
+
+def _fabric_env(target: Target, slots: int) -> str:
+    if not spans_agents(target, slots):
+        return (
+            "  # No socket interface named: this trial fits on one agent, on Docker's bridge network,\n"
+            "  # where NCCL and Gloo fail on a named interface that is not there (find or fail); NCCL\n"
+            "  # bootstraps over eth0 and moves data over NVLink / PCIe inside the node.\n"
+            "  environment_variables: []"
+        )
+    names = target.fabric_interfaces
+    return (
+        "  # The trial spans agents (host network): the collectives' sockets on the agents' IPoIB\n"
+        "  # ports (comma-separated: agents whose ports are named differently), never the\n"
+        "  # management network. NCCL's data still goes over the HCAs (verbs), not these sockets.\n"
+        "  environment_variables:\n"
+        f"    - {_q('NCCL_SOCKET_IFNAME=' + names)}\n"
+        f"    - {_q('GLOO_SOCKET_IFNAME=' + names)}"
+    )
+
+
 def experiment_yaml(target: Target, slots: int) -> str:
     distributed = slots > 1
     entrypoint = (
@@ -85,11 +112,9 @@ environment:
   image:
     cuda: {_q(target.image_gpu)}
     cpu: {_q(target.image_cpu)}
-  # The fabric comes from master.yaml's task_container_defaults, which Determined appends to
-  # this list (master/pkg/schemas/expconf/environment_config.go): AWS_DEFAULT_REGION={target.region},
-  # NCCL_SOCKET_IFNAME={target.fabric_interfaces}, GLOO_SOCKET_IFNAME={target.fabric_interfaces}.
-  # Set one here only to override it for this experiment.
-  environment_variables: []
+  # master.yaml's task_container_defaults add AWS_DEFAULT_REGION={target.region} to this list
+  # (Determined appends them: master/pkg/schemas/expconf/environment_config.go).
+{_fabric_env(target, slots)}
 
 max_restarts: 0
 """

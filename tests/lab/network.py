@@ -34,6 +34,18 @@ def _has_addr(dev: str, cidr: str, netns: str | None = None) -> bool:
 # out-of-band messages over ib0 timed out).
 FABRIC_MTU = "65520"
 
+# The node's end of its fabric link before anything has loaded ib_ipoib. On a real server the
+# IPoIB interface does not exist until that module is loaded: rdma-core's udev rules
+# (kernel-boot/rdma-hw-modules.rules loads the HCA's verbs driver; ipoib comes with the
+# rdma-core modules-load list) or MLNX_OFED's openibd (it loads ib_ipoib with the stack), and a
+# bare Ubuntu node has neither. So the lab's link waits under a name no role looks for, down,
+# and the MLNX_OFED stand-in's openibd gives it the kernel's name, ib0
+# (tests/lab/standins/mofed/openibd.sh); every boot parks it again (tests/lab/supervise.py),
+# as a reboot unloads the module. The alias finds the link whatever it is called at the time.
+IB_PARKED = "ibparked0"
+IB_ALIAS = "dtlab-fabric-port"
+IB_KERNEL_NAME = "ib0"  # ib%d: the name ib_ipoib gives its first interface
+
 
 def ensure_bridges(spec: LabSpec) -> None:
     links = _links()
@@ -53,10 +65,12 @@ def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
     links = _links()
     for host_end, peer, bridge in (
         (node.veth_mgmt, "eth0", spec.bridge_mgmt),
-        (node.veth_ib, "ib0", spec.bridge_ib),
+        (node.veth_ib, IB_PARKED, spec.bridge_ib),
     ):
         if host_end not in links:
             run("ip", "link", "add", host_end, "type", "veth", "peer", "name", peer, "netns", node.netns)
+            if peer == IB_PARKED:
+                run("ip", "-n", node.netns, "link", "set", IB_PARKED, "alias", IB_ALIAS)
         run("ip", "link", "set", host_end, "master", bridge, "up")
         if bridge == spec.bridge_ib:
             run("ip", "link", "set", host_end, "mtu", FABRIC_MTU)
@@ -66,7 +80,8 @@ def ensure_node_network(spec: LabSpec, node: LabNode) -> None:
     cidr = f"{node.address}/{node.prefixlen}"
     if not _has_addr("eth0", cidr, node.netns):
         run(*ns, "addr", "add", cidr, "dev", "eth0")
-    # ib0 is left unconfigured and down: configuring it is the deploy's job.
+    # The fabric port is left parked, unconfigured and down: loading the IPoIB driver
+    # (MLNX_OFED's openibd) and configuring the interface are the deploy's job.
     # dockerd needs forwarding and cannot set it from inside nspawn (read-only /proc/sys).
     run(
         "ip",

@@ -115,6 +115,24 @@ def write_package_tuning(root: Path) -> None:
     _write(root / "etc/apt/apt.conf.d/99dtlab-tuning", APT_TUNING)
 
 
+# Lab only: a user's manager is never stopped once started (logind.conf(5) UserStopDelaySec=
+# infinity). Once the deploy has pulled in libpam-systemd, every SSH session's pam_systemd
+# starts user@0.service and logind stops it 10 s after root's last session ends (the default
+# delay). In the lab's nested cgroup v1 setup that stop can fail to kill the unit's control
+# group ("Failed to kill control group /user.slice/user-0.slice/user@0.service, ignoring:
+# Input/output error"), wait out its stop timeout ("Processes still around after final
+# SIGKILL. Entering failed mode"), and every session opened meanwhile waits in pam_systemd for
+# the next start: sshd opens the PAM session before it serves a channel, so verify's probes
+# met "Timeout opening channel" on healthy nodes. (Lingering would start the manager at boot,
+# and fail it there while the base has no pam_systemd.)
+LOGIND_TUNING_FILE = "etc/systemd/logind.conf.d/dtlab-tuning.conf"
+LOGIND_TUNING = "[Login]\nUserStopDelaySec=infinity\n"
+
+
+def write_session_tuning(root: Path) -> None:
+    _write(root / LOGIND_TUNING_FILE, LOGIND_TUNING)
+
+
 def seed_node(node: LabNode, public_key: str, lab_files: dict[str, str]) -> None:
     """Give a node what a freshly racked server has: a name, an identity, our SSH key."""
     root = node.root
@@ -131,6 +149,7 @@ def seed_node(node: LabNode, public_key: str, lab_files: dict[str, str]) -> None
     for rel, text in lab_files.items():
         _write(root / "etc/dtlab" / rel, text)
     write_package_tuning(root)
+    write_session_tuning(root)
     # What the server has as delivered beyond the base (lab-hardware.yaml: `network: netplan`).
     from .nodes import preinstall
 

@@ -5,11 +5,14 @@ it; this loop does what systemd-nspawn@.service does with RestartForceExitStatus
 """
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .network import IB_ALIAS, IB_PARKED
 
 REBOOT_STATUS = 133
 
@@ -107,12 +110,18 @@ def reset_kernel_network_state(netns: str) -> None:
             subprocess.run(enter + [tool, "-t", table, "-X"], capture_output=True, check=False)
         for chain in ("INPUT", "FORWARD", "OUTPUT"):
             subprocess.run(enter + [tool, "-P", chain, "ACCEPT"], capture_output=True, check=False)
-    links = subprocess.run(enter + ["ip", "-o", "link", "show"], capture_output=True, text=True, check=False)
-    for line in links.stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
+    links = subprocess.run(enter + ["ip", "-j", "link", "show"], capture_output=True, text=True, check=False)
+    for link in json.loads(links.stdout or "[]"):
+        name = link["ifname"]
         if name not in ("lo", "eth0"):
             subprocess.run(enter + ["ip", "addr", "flush", "dev", name], capture_output=True, check=False)
             subprocess.run(enter + ["ip", "link", "set", name, "down"], capture_output=True, check=False)
+        # A reboot unloads ib_ipoib: the fabric port has no IPoIB interface again until openibd
+        # loads it at boot (tests/lab/network.py IB_PARKED).
+        if link.get("ifalias") == IB_ALIAS and name != IB_PARKED:
+            subprocess.run(
+                enter + ["ip", "link", "set", name, "name", IB_PARKED], capture_output=True, check=False
+            )
 
 
 def main() -> int:

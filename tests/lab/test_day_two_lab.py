@@ -350,9 +350,14 @@ def test_rebuild_a_blank_gpu_node(deployed, deploy, lab):
     recreate = lab_cli("recreate", node.hostname)
     assert recreate.returncode == 0, recreate.stderr
     assert_blank(lab, node.hostname)
+    # A bare node has no IPoIB interface until MLNX_OFED's openibd loads ib_ipoib: the deploy
+    # must configure it after the fabric's role (deploy/site.py), in the same run.
+    interface = node.ipoib_interface
+    assert run_on(lab, node.hostname, f"ip link show {interface}", check=False).returncode != 0
 
     run = rebuild(node.hostname)
     assert run.returncode == 0, run.stderr[-4000:]
+    assert f"{node.ipoib_address}/" in run_on(lab, node.hostname, f"ip -br addr show {interface}").stdout
     assert set(run.changes_by_host()) == {node.hostname}, run.changes_by_host()
     assert f"--> rebuild: {node.hostname} rebuilt" in run.stderr
 

@@ -157,12 +157,14 @@ def test_plan_follows_the_articles_checklist():
         ("preflight", None),
         ("apt_proxy", None),
         ("hosts", None),
-        ("ipoib", None),
         ("firewall", None),
         ("minio_tls", None),  # storage.tls.ca_certificate in every node's trust store
         # MLNX_OFED before the driver (the article has it after): NVIDIA's GPUDirect RDMA
         # docs build nvidia-peermem only against an installed MLNX_OFED.
         ("mofed", None),
+        # IPoIB after MLNX_OFED (the article has it before): the interface exists only once
+        # openibd has loaded ib_ipoib on a bare node.
+        ("ipoib", None),
         ("nvidia_driver", "agent"),
         ("gpu_services", "agent"),
         ("cuda", "agent"),

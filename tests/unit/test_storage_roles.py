@@ -152,8 +152,6 @@ def test_master_yaml_values(cluster):
     assert config["security"] == {"initial_user_password": NASTY["T_ADMIN"]}
     assert config["task_container_defaults"]["environment_variables"] == [
         "AWS_DEFAULT_REGION=us-east-1",
-        "NCCL_SOCKET_IFNAME=ib0",
-        "GLOO_SOCKET_IFNAME=ib0",
     ]
 
 

@@ -43,8 +43,6 @@ def test_task_container_defaults_defaults(tmp_path, monkeypatch):
         "devices": [{"host_path": "/dev/infiniband", "container_path": "/dev/infiniband"}],
         "environment_variables": [
             "AWS_DEFAULT_REGION=us-east-1",
-            "NCCL_SOCKET_IFNAME=ib0",
-            "GLOO_SOCKET_IFNAME=ib0",
         ],
     }
     # The storage node m1 by address: bridge-network containers do not read /etc/hosts.
@@ -65,7 +63,10 @@ def test_task_images_shm_and_agent_interface(tmp_path, monkeypatch):
     assert tcd["image"] == {"cuda": gpu, "cpu": cpu}
     assert tcd["shm_size_bytes"] == 17179869184
     assert tcd["dtrain_network_interface"] == "ibp65s0"
-    assert tcd["environment_variables"][1:] == ["NCCL_SOCKET_IFNAME=ibp65s0", "GLOO_SOCKET_IFNAME=ibp65s0"]
+    # No socket interface in what every trial gets: a single-agent trial runs on Docker's
+    # bridge network, where a named IPoIB port does not exist and NCCL and Gloo fail on it.
+    assert tcd["environment_variables"] == ["AWS_DEFAULT_REGION=us-east-1"]
+    assert cluster.fabric_interfaces == ("ibp65s0",)
 
 
 def test_agents_with_differently_named_ports_get_every_name(tmp_path, monkeypatch):
@@ -81,12 +82,12 @@ def test_agents_with_differently_named_ports_get_every_name(tmp_path, monkeypatc
         agents[0]["ipoib_interface"] = "ibp65s0"
         doc["nodes"].append(second)
 
-    tcd = rendered(cluster_from(tmp_path, monkeypatch, edit))["task_container_defaults"]
+    cluster = cluster_from(tmp_path, monkeypatch, edit)
+    tcd = rendered(cluster)["task_container_defaults"]
     assert "dtrain_network_interface" not in tcd  # one name only: left to Determined
-    assert tcd["environment_variables"][1:] == [
-        "NCCL_SOCKET_IFNAME=ib0,ibp65s0",
-        "GLOO_SOCKET_IFNAME=ib0,ibp65s0",
-    ]
+    assert cluster.dtrain_interface is None
+    # What `experiment new` names for a trial that spans agents: every agent's port.
+    assert cluster.fabric_interfaces == ("ib0", "ibp65s0")
 
 
 def test_trial_endpoint(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.lab.network import IB_KERNEL_NAME, IB_PARKED
 from tests.lab.standins import render_from, source
 
 OFED_VERSION = "5.8-3.0.7.0"
@@ -36,6 +37,9 @@ SUBS = {
     "KERNEL_VERSION": KERNEL_VERSION,
     "DIAGS_VERSION": DIAGS_VERSION,
     "PACKAGES": " ".join(PACKAGES),
+    # openibd's ib_ipoib "load": the lab's parked fabric port gets the kernel's IPoIB name.
+    "IB_PARKED": IB_PARKED,
+    "IB_KERNEL_NAME": IB_KERNEL_NAME,
 }
 
 UTILS_POSTINST = """#!/bin/sh

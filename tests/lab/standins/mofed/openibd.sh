@@ -8,8 +8,12 @@
 # Default-Stop:   0 1 6
 # Short-Description: Activates/Deactivates InfiniBand Driver to start at boot time.
 ### END INIT INFO
-# "Loading the HCA driver" records a flag in /run; the IPoIB link ib0 itself is the lab's veth
-# and is left alone, so a restart does not drop the node off the fabric.
+# "Loading the HCA driver" records a flag in /run and loads "ib_ipoib": the real openibd
+# loads the stack's modules (openib.conf IPOIB_LOAD=yes by default) and ib_ipoib creates the
+# IPoIB interface, ib0, which does not exist before (no rdma-core on a bare node). The lab's
+# fabric port is a veth that waits parked as @IB_PARKED@ (tests/lab/network.py) until this
+# start names it @IB_KERNEL_NAME@. Left out: a real stop removes ib0 with the module; the
+# stand-in's stop keeps the link, so a restart does not drop the node off the fabric.
 STATE_DIR=/run/mlnx-ofed-standin
 
 ok() { printf '%-58s[  OK  ]\n' "$1"; }
@@ -27,6 +31,9 @@ $node
 EOF_NODE
         [ -e "$IB_DEV/$name" ] || mknod -m 666 "$IB_DEV/$name" c "$major" "$minor"
     done
+    if ip link show dev @IB_PARKED@ >/dev/null 2>&1; then
+        ip link set dev @IB_PARKED@ name @IB_KERNEL_NAME@
+    fi
     echo "@OFED_VERSION@" > "$STATE_DIR/driver-loaded"
     ok "Loading HCA driver and Access Layer:"
 }
