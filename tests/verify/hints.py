@@ -491,6 +491,17 @@ FALLBACK = Hint(
     "then the node's journal (`journalctl -p err -b` on {node})",
 )
 
+# An n/p cell (tests/verify/matrix.py): the node answered SSH but its probe of its peers did not
+# run, so none of its paths was tested. The usual cause is load: sshd opens the PAM session
+# (pam_systemd waits for root's user manager, user@0.service) before it serves the channel.
+NOT_PROBED = Hint(
+    "not probed: the node answered SSH but its reachability probe did not run (not a broken "
+    "path, not a dead node): its paths to its peers are untested",
+    "the reason in the detail; a channel that did not open: load on {node} (`uptime`, "
+    "`systemctl status user@0.service`, `journalctl -u ssh`), then run verify again; "
+    "`python3: not found`: " + REDEPLOY,
+)
+
 # A node that cannot be reached over SSH: keyed by the reason's kind (see matrix.ssh_reason).
 SSH_HINTS: dict[str, str] = {
     "refused": "node up but nothing on the SSH port: `systemctl status ssh` on its console; "
