@@ -229,9 +229,11 @@ HINTS: dict[str, Hint] = {
         "`systemctl start pg-backup.service` runs one now; " + REDEPLOY,
     ),
     "test_latest_backup_recent": Hint(
-        "no database backup in the bucket for more than a day: a lost master loses its history",
-        "`journalctl -u pg-backup` on {node}; `pg-backup list` shows what the bucket holds; "
-        "`systemctl start pg-backup.service` runs one now",
+        "no recent database backup: pg-backup.service's last run failed (its last journal line "
+        "in the detail), its first run is overdue, or the newest backup is older than a night "
+        "allows: a lost master loses its history",
+        "`journalctl -u pg-backup` and `systemctl list-timers pg-backup.timer` on {node}; "
+        "`pg-backup list` shows what the bucket holds; `systemctl start pg-backup.service` runs one now",
     ),
     # --- test_determined.py -----------------------------------------------------------------
     "test_postgresql_version_and_connections": Hint(
