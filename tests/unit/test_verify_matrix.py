@@ -157,19 +157,19 @@ def test_matrix_markdown_and_terminal(pytester, fake_checks):
 
     assert [r for r in section(md, "Checks x nodes") if r.startswith("|")] == EXPECTED_ROWS
     nodes = section(md, "Nodes")
-    assert nodes[0] == "| node | status | ok | FAIL | SSH | skip | why |"
+    assert nodes[0] == "| node | status | ok | FAIL | SSH | n/p | skip | why |"
     assert nodes[2] == (
-        "| n1 | **FAIL** | 4 | 2 | 0 | 0 | test_minio_ready_from_controller, test_brand_new_check |"
+        "| n1 | **FAIL** | 4 | 2 | 0 | 0 | 0 | test_minio_ready_from_controller, test_brand_new_check |"
     )
     assert nodes[3] == (
-        "| gpu-1 | **FAIL** | 4 | 3 | 0 | 1 | test_ib_ports_active, "
+        "| gpu-1 | **FAIL** | 4 | 3 | 0 | 0 | 1 | test_ib_ports_active, "
         "test_reaches_peer_on_ipoib, test_agent_registered_with_its_slots |"
     )
     assert nodes[4].startswith(
-        f"| gpu-2 | **UNREACHABLE** | 2 | 1 | 4 | 1 | SSH to 127.0.0.13:"
+        f"| gpu-2 | **UNREACHABLE** | 2 | 1 | 4 | 0 | 1 | SSH to 127.0.0.13:"
         f"{fake_checks}: connection refused: node up but nothing on the SSH"
     )
-    assert nodes[5] == "| (cluster) | ok | 1 | 0 | 0 | 0 |  |"
+    assert nodes[5] == "| (cluster) | ok | 1 | 0 | 0 | 0 | 0 |  |"
 
     red = "\n".join(section(md, "Red cells: symptom and first thing to do"))
     assert f"| (every check over SSH) | gpu-2 | SSH to 127.0.0.13:{fake_checks}: connection refused |" in red
@@ -210,7 +210,7 @@ def test_matrix_markdown_and_terminal(pytester, fake_checks):
             "matrix: *reports/verify-matrix.md",
             # The summary line: the dead node first, with the first thing to look at.
             "UNREACHABLE gpu-2 (SSH to *: connection refused): first: node up but nothing on the "
-            "SSH port* -- wall time *: 11 ok, 6 FAIL, 2 skip, 1 unreachable nodes",
+            "SSH port* -- wall time *: 11 ok, 6 FAIL, 0 n/p, 2 skip, 1 unreachable nodes",
         ]
     )
     # One line per SSH failure, not a paramiko traceback each.
@@ -234,6 +234,114 @@ def test_same_matrix_under_xdist(pytester, fake_checks):
     for title in ("Nodes", "Checks x nodes", "Red cells: symptom and first thing to do"):
         assert section(md_parallel, title) == section(md_serial, title)
     parallel.stdout.fnmatch_lines([f"UNREACHABLE gpu-2: SSH to 127.0.0.13:{fake_checks}: *"])
+
+
+NOT_PROBED_CHECKS = """
+import pytest
+from tests.verify.matrix import NOT_PROBED_PREFIX, P_NOT_PROBED
+
+
+def test_reaches_peer_on_management(node, record_property):
+    if node.hostname == "gpu-1":
+        why = "could not probe its peers: python3 -c PROBE: SSHException: Timeout opening channel."
+        record_property(P_NOT_PROBED, why)
+        pytest.skip(NOT_PROBED_PREFIX + why)
+
+
+def test_secret_files_are_0600_root(node):
+    if node.hostname != "n1":
+        pytest.skip("holds no secrets")  # a plain skip stays a skip
+{extra}
+"""
+
+
+@pytest.fixture
+def not_probed_checks(pytester):
+    def write(extra: str = "") -> None:
+        pytester.makeconftest(CONFTEST.format(port=closed_port("127.0.0.13")))
+        pytester.makepyfile(test_np=NOT_PROBED_CHECKS.format(extra=extra))
+
+    return write
+
+
+def test_not_probed_is_its_own_state_and_exit_status(pytester, not_probed_checks):
+    not_probed_checks()
+    result, md = run_verify(pytester)
+    assert result.ret == matrix.EXIT_NOT_PROBED  # nothing failed, but not everything was looked at
+    assert "- result: **n/p** (pytest exit status 10):" in md
+    assert [r for r in section(md, "Checks x nodes") if r.startswith("|")][2:] == [
+        "| `test_np.py::test_reaches_peer_on_management` | ok | **n/p** | ok |",
+        "| `test_np.py::test_secret_files_are_0600_root` | ok | skip | skip |",
+    ]
+    nodes = section(md, "Nodes")
+    assert nodes[0] == "| node | status | ok | FAIL | SSH | n/p | skip | why |"
+    assert nodes[3] == "| gpu-1 | **n/p** | 0 | 0 | 0 | 1 | 1 | not probed: test_reaches_peer_on_management |"
+    assert section(md, "Red cells: symptom and first thing to do") == ["None."]
+    unprobed = section(md, "Not probed: the node answered, the check could not look")
+    assert unprobed[2].startswith(
+        "| `test_np.py::test_reaches_peer_on_management` | gpu-1 | `could not probe its peers: "
+        "python3 -c PROBE: SSHException: Timeout opening channel.` | the reason in the detail;"
+    )
+    assert "load on gpu-1" in unprobed[2]
+    result.stdout.fnmatch_lines(
+        [
+            "  reaches_peer_on_management *ok *n/p *ok",
+            "NOT PROBED test_reaches_peer_on_management on gpu-1: not probed: the node answered SSH*",
+            "    first: the reason in the detail;*",
+            "    on gpu-1: could not probe its peers: python3 -c PROBE: SSHException: Timeout*",
+            "wall time *: 3 ok, 0 FAIL, 1 n/p, 2 skip, 0 unreachable nodes",
+        ]
+    )
+    # Under xdist (as python -m tests.verify runs): the property crosses to the controller.
+    parallel, md_parallel = run_verify(pytester, "-n", "2")
+    assert parallel.ret == matrix.EXIT_NOT_PROBED
+    assert section(md_parallel, "Nodes") == nodes
+    # Plain pytest (no matrix plugin): a skip whose reason says so, pytest's own exit status.
+    plain = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    assert plain.ret == pytest.ExitCode.OK
+    plain.stdout.fnmatch_lines(["SKIPPED *not probed: could not probe its peers: *"])
+
+
+def test_a_failure_outranks_not_probed_in_the_exit_status(pytester, not_probed_checks):
+    not_probed_checks("\n\ndef test_hostname(node):\n    assert node.hostname != 'n1', 'wrong name'\n")
+    result, md = run_verify(pytester)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "- result: **FAIL** (pytest exit status 1):" in md and "1 red cells, 1 n/p cells" in md
+
+
+def test_main_names_the_exit_statuses():
+    from tests.verify.__main__ import run_verdict
+
+    assert run_verdict(0) == "all checks passed"
+    assert run_verdict(matrix.EXIT_NOT_PROBED).startswith("no check failed, but some cells were not probed")
+    assert run_verdict(1) == "FAILED (exit status 1)"
+
+
+def test_cross_node_cell_of_a_node_not_probed():
+    """tests/verify/test_cross_node.py: n/p when nothing is blamed, FAIL (saying both) when its
+    peers found a path to it broken."""
+    from types import SimpleNamespace
+
+    from tests.verify import test_cross_node
+
+    class Seen:
+        def __init__(self, blamed):
+            self.blamed = blamed
+
+        def blame_of(self, hostname, network):
+            return self.blamed
+
+        def not_probed(self, hostname):
+            return "could not probe its peers: timed out"
+
+    node, recorded = SimpleNamespace(hostname="g1"), []
+    with pytest.raises(pytest.skip.Exception, match="^not probed: could not probe its peers: timed out$"):
+        test_cross_node.test_reaches_peer_on_ipoib(node, Seen([]), lambda *p: recorded.append(p))
+    assert recorded == [(matrix.P_NOT_PROBED, "could not probe its peers: timed out")]
+    with pytest.raises(AssertionError, match=r"none of its 3 peers reach g1-ib0 \(its own probe did not run"):
+        test_cross_node.test_reaches_peer_on_ipoib(
+            node, Seen(["majority: none of its 3 peers reach g1-ib0"]), lambda *p: None
+        )
 
 
 def test_plain_pytest_run_is_unaffected(pytester, fake_checks):

@@ -8,6 +8,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import paramiko
 import pytest
 
 from tests.verify import reach
@@ -104,15 +105,43 @@ def test_dead_node_raises_node_unreachable_the_matrix_reads_as_ssh():
     assert reach.Reach.from_json(r.to_json()) == r
 
 
-def test_probe_error_and_broken_probe_are_the_nodes_own():
-    r = make_reach()
-    r.probe_errors["g1"] = "python3 -c PROBE -> exit 127: python3: not found"
+TIMEOUT_OPENING = "python3 -c PROBE: SSHException: Timeout opening channel. (twice, 44s each)"
+
+
+def test_a_node_whose_probe_did_not_run_is_not_probed_not_failed():
+    # g1 answered SSH but its probe did not run: no view of its own (run() never records one).
+    r = make_reach(probers=["m", "g2", "g3"])
+    r.probe_errors["g1"] = TIMEOUT_OPENING
+    for network in reach.NETWORKS:
+        assert r.blame_of("g1", network) == []
+        # Its peers are not blamed either: g1's missing view counts as no view, not a failed one.
+        assert all(r.blame_of(h, network) == [] for h in NODES)
+    assert r.not_probed("g1") == f"could not probe its peers: {TIMEOUT_OPENING}"
+    assert [h for h in NODES if r.not_probed(h)] == ["g1"]
+    assert reach.Reach.from_json(r.to_json()).not_probed("g1") == r.not_probed("g1")
+
+
+def test_blame_does_not_count_a_node_without_a_view():
+    # Two live probers: m fails towards g3, g2 reaches it. Were g1 (not probed) counted as a
+    # prober failing towards everyone, g3 would look unreached by the majority and m isolated.
+    found = reach.blame(NAMES, views({("m", "g3")}, probers=["m", "g2"]))
+    assert found["g3"] == [] and found["g1"] == []
+    assert found["m"] == ["-> g3-ib0: timed out (the others reach it)"]
+
+
+def test_a_node_not_probed_that_nobody_reaches_is_still_red():
+    r = make_reach(failing={(a, "g1") for a in NODES}, probers=["m", "g2", "g3"])
+    r.probe_errors["g1"] = TIMEOUT_OPENING
     assert r.blame_of("g1", reach.IPOIB) == [
-        "could not probe its peers: python3 -c PROBE -> exit 127: python3: not found"
+        "majority: the fault is at this end: none of its 3 peers reach g1-ib0 (m: timed out; g2: timed out)"
     ]
-    assert reach.Reach(timeout=1, error="boom").blame_of("m", reach.MANAGEMENT) == [
-        "the reachability probe failed: boom"
-    ]
+    assert r.not_probed("g1")  # both said on its cell (tests/verify/test_cross_node.py)
+
+
+def test_a_broken_first_step_leaves_every_node_not_probed():
+    broken = reach.Reach(timeout=1, error="boom")
+    assert broken.blame_of("m", reach.MANAGEMENT) == []
+    assert broken.not_probed("m") == "the reachability probe failed: boom"
 
 
 def listening():
@@ -194,6 +223,50 @@ def test_run_asks_every_node_in_parallel_and_bounds_the_dead_one():
     assert found.probe_errors["g3"] == "python3 -c PROBE -> exit 127: python3: not found"
 
 
+class StuckChannel(FakeClient):
+    """A node under load: its first `stuck` session openings time out (paramiko's message)."""
+
+    def __init__(self, out: str, stuck: int, read_error: Exception | None = None):
+        super().__init__(out)
+        self.stuck, self.calls, self.read_error = stuck, 0, read_error
+
+    def exec_command(self, command, timeout):
+        self.calls += 1
+        if self.calls <= self.stuck:
+            raise paramiko.SSHException("Timeout opening channel.")
+        _, stdout, stderr = super().exec_command(command, timeout)
+        if self.read_error is not None:
+            error = self.read_error
+
+            def fail():
+                raise error
+
+            stdout.read = fail
+        return None, stdout, stderr
+
+
+def probe_one(client) -> reach.Reach:
+    node = SimpleNamespace(hostname="m", address="10.0.0.1", ipoib_interface="ib0")
+    cluster = SimpleNamespace(nodes=[node], ssh=SimpleNamespace(port=22))
+    return reach.run(cluster, lambda node, timeout: client, ssh_problem, timeout=1)
+
+
+def test_opening_the_probe_session_is_tried_twice():
+    ok = json.dumps({"m": "", "m-ib0": ""})
+    once = StuckChannel(ok, stuck=1)
+    assert probe_one(once).views == {"m": {"m": "", "m-ib0": ""}} and once.calls == 2
+    twice = StuckChannel(ok, stuck=2)
+    found = probe_one(twice)
+    assert twice.calls == 2  # one retry, not more
+    assert found.probe_errors == {"m": TIMEOUT_OPENING} and not found.views and not found.dead
+    # The probe started, its output did not come: not retried (it ran for its bound already).
+    slow = StuckChannel(ok, stuck=0, read_error=TimeoutError("timed out"))
+    assert probe_one(slow).probe_errors == {"m": "python3 -c PROBE: TimeoutError: timed out"}
+    assert slow.calls == 1
+    # Workers wait for the whole result beyond the prober's worst case, retry included.
+    assert reach.worst_case(1) == 3 * 1 + 3 * reach.probe_bound(1)
+
+
 def test_published_gives_each_verdict_before_the_whole_result(tmp_path):
     seen = reach.Published(tmp_path, timeout=1)
     reach.write_atomically(reach.verdict_file(tmp_path, "m"), json.dumps({"dead": None}))
@@ -205,12 +278,11 @@ def test_published_gives_each_verdict_before_the_whole_result(tmp_path):
     with pytest.raises(reach.NodeUnreachable):
         seen.raise_if_dead(SimpleNamespace(hostname="g2"))
     seen.deadline = time.monotonic() + 0.2  # the whole result never comes: bounded, then an error
-    assert seen.blame_of("m", reach.MANAGEMENT) == [
-        f"the reachability probe failed: no result in {tmp_path} in time"
-    ]
-    assert reach.Published(None, 1).blame_of("m", reach.IPOIB) == [
+    assert seen.blame_of("m", reach.MANAGEMENT) == []
+    assert seen.not_probed("m") == f"the reachability probe failed: no result in {tmp_path} in time"
+    assert reach.Published(None, 1).not_probed("m") == (
         "the reachability probe failed: verify's first step did not run"
-    ]
+    )
 
 
 def test_run_tells_each_verdict_as_soon_as_known():

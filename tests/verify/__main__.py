@@ -7,8 +7,10 @@ node costs that once and its column is SSH), prints a checks x nodes matrix with
 every red cell (tests/verify/matrix.py), then each agent node's NVLink domains and the largest
 slots_per_trial inside one domain on every agent node (from the topology checks' own
 `nvidia-smi topo -m`), writes it all to reports/verify-matrix.md and JUnit XML to
-reports/verify-junit.xml, and exits non-zero when any check fails (pytest's exit status). Its
-last line names the unreachable nodes first, with the first thing to look at.
+reports/verify-junit.xml, and exits with pytest's exit status: 0 when every check passed, 1
+when any failed (or a node was unreachable); 10 (matrix.EXIT_NOT_PROBED) when none failed but
+some cells are n/p (a node answered but its reachability probe did not run). Its last line names
+the unreachable nodes first, with the first thing to look at.
 
 It submits a smoke experiment to the master (tests/verify/test_smoke.py: a checkpoint saved and
 restored from inside trials, a two-agent allreduce over the fabric; archived and cleaned up
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.verify.matrix import EXIT_NOT_PROBED, NP
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,6 +88,14 @@ def unreachable_first(matrix: Path, since: float = 0.0) -> str:
     return found.removeprefix("- **").removesuffix("**").replace("\\|", "|")
 
 
+def run_verdict(status: int) -> str:
+    if status == 0:
+        return "all checks passed"
+    if status == EXIT_NOT_PROBED:
+        return f"no check failed, but some cells were not probed ({NP}, exit status {status})"
+    return f"FAILED (exit status {status})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.verify", description=__doc__)
     parser.add_argument("--cluster", default=str(REPO / "inventories" / "lab" / "cluster.yaml"))
@@ -116,7 +128,7 @@ def main(argv=None) -> int:
     reports.mkdir(exist_ok=True)
     started, wall_started = time.monotonic(), time.time()
     status = subprocess.call(pytest_command(args.cluster, args.workers, reports, rest), cwd=REPO)
-    verdict = "all checks passed" if status == 0 else f"FAILED (exit status {status})"
+    verdict = run_verdict(status)
     dead = unreachable_first(reports / "verify-matrix.md", since=wall_started)
     print(
         f"verify {args.cluster}: {dead + ' -- ' if dead else ''}{verdict}; "

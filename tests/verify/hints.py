@@ -229,9 +229,11 @@ HINTS: dict[str, Hint] = {
         "`systemctl start pg-backup.service` runs one now; " + REDEPLOY,
     ),
     "test_latest_backup_recent": Hint(
-        "no database backup in the bucket for more than a day: a lost master loses its history",
-        "`journalctl -u pg-backup` on {node}; `pg-backup list` shows what the bucket holds; "
-        "`systemctl start pg-backup.service` runs one now",
+        "no recent database backup: pg-backup.service's last run failed (its last journal line "
+        "in the detail), its first run is overdue, or the newest backup is older than a night "
+        "allows: a lost master loses its history",
+        "`journalctl -u pg-backup` and `systemctl list-timers pg-backup.timer` on {node}; "
+        "`pg-backup list` shows what the bucket holds; `systemctl start pg-backup.service` runs one now",
     ),
     # --- test_determined.py -----------------------------------------------------------------
     "test_postgresql_version_and_connections": Hint(
@@ -489,6 +491,17 @@ FALLBACK = Hint(
     "check failed (no hint recorded for this check yet)",
     "read the check's assertion in the pytest output and its docstring in tests/verify/; "
     "then the node's journal (`journalctl -p err -b` on {node})",
+)
+
+# An n/p cell (tests/verify/matrix.py): the node answered SSH but its probe of its peers did not
+# run, so none of its paths was tested. The usual cause is load: sshd opens the PAM session
+# (pam_systemd waits for root's user manager, user@0.service) before it serves the channel.
+NOT_PROBED = Hint(
+    "not probed: the node answered SSH but its reachability probe did not run (not a broken "
+    "path, not a dead node): its paths to its peers are untested",
+    "the reason in the detail; a channel that did not open: load on {node} (`uptime`, "
+    "`systemctl status user@0.service`, `journalctl -u ssh`), then run verify again; "
+    "`python3: not found`: " + REDEPLOY,
 )
 
 # A node that cannot be reached over SSH: keyed by the reason's kind (see matrix.ssh_reason).

@@ -14,6 +14,9 @@ it. It works the same with and without pytest-xdist:
   (pytest_runtest_logreport), writes it to --verify-matrix (Markdown) and prints it;
 - the dead nodes come first: in the final summary line with the first thing to look at, and
   beside each with what its peers saw of it (verify's first step, tests/verify/reach.py);
+- a cell whose check could not look (a cross-node check on a node whose probe did not run:
+  a skip carrying P_NOT_PROBED) is n/p, neither ok nor FAIL, and the run's exit status is
+  EXIT_NOT_PROBED when nothing else failed (Recorder.pytest_sessionfinish);
 - after the matrix, the NVLink domains the topology checks read on each agent node and the
   largest slots_per_trial inside one domain on every agent node (nvlink_lines).
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from deploy.topology import Observed, summary_lines
-from tests.verify.hints import SSH_HINTS, Hint, hint_for
+from tests.verify.hints import NOT_PROBED, SSH_HINTS, Hint, hint_for
 from tests.verify.reach import NodeUnreachable, Reach
 
 # Parameters that name the node a check is about, in order of preference; the first one
@@ -62,21 +65,32 @@ P_NOT_ASKED = "verify.not_asked"
 # JSON [symptom, action]: a check whose failures differ in cause gives the hint that fits this
 # one (tests/verify/test_smoke.py); it replaces the check's entry in hints.py for that cell.
 P_HINT = "verify.hint"
+# Why the check could not look at its node although the node answered (tests/verify/reach.py
+# not_probed): set by a check that then skips with NOT_PROBED_PREFIX, so that plain pytest
+# shows it as a skip with its reason and the matrix shows it as n/p.
+P_NOT_PROBED = "verify.not_probed"
+NOT_PROBED_PREFIX = "not probed: "
 
-OK, FAIL, SKIP, NA, SSH = "ok", "FAIL", "skip", "n/a", "SSH"
+OK, FAIL, SKIP, NA, SSH, NP = "ok", "FAIL", "skip", "n/a", "SSH", "n/p"
 MARKUP = {
     OK: {"green": True},
     FAIL: {"red": True, "bold": True},
     SKIP: {"yellow": True},
     NA: {"light": True},
     SSH: {"red": True, "bold": True},
+    NP: {"purple": True, "bold": True},
 }
 LEGEND = (
     f"{OK} = passed (cross-node checks: with every peer the other nodes reach), {FAIL} = failed, "
     f"{SKIP} = skipped, {NA} = does not apply to that node, "
     f"{SSH} = could not run: the node is unreachable over SSH, "
-    f"{CLUSTER} = checks run once for the whole cluster"
+    f"{NP} = not probed: the node answered but its probe did not run (nothing found broken, "
+    f"nothing tested), {CLUSTER} = checks run once for the whole cluster"
 )
+# The exit status of a run where no check failed but some cells are n/p: not 0 (something was
+# not verified), not pytest's 1 (nothing was found broken), and outside pytest's own codes
+# (0-6, pytest.ExitCode) so that a script can tell it apart. tests/verify/__main__.py passes it on.
+EXIT_NOT_PROBED = 10
 
 
 def pytest_addoption(parser):
@@ -217,6 +231,7 @@ class Result:
     phase: str = "call"  # "setup": a fixture failed and the check itself never ran
     not_asked: tuple[str, ...] = ()  # nodes a cluster-wide check left out (P_NOT_ASKED)
     hint: tuple[str, ...] | None = None  # (symptom, action) from P_HINT
+    not_probed: str | None = None  # a skip with P_NOT_PROBED: why the check could not look
 
 
 def _props(report) -> dict[str, list[str]]:
@@ -321,9 +336,15 @@ class Cell:
             return FAIL
         if FAIL in outcomes:
             return SSH
+        if any(r.not_probed for r in self.results):
+            return NP
         if OK in outcomes:
             return OK
         return SKIP if outcomes else NA
+
+    def not_probed(self) -> list[str]:
+        """Why the check could not look (n/p), each reason once."""
+        return list(dict.fromkeys(r.not_probed for r in self.results if r.not_probed))
 
     def evidence(self) -> list[str]:
         seen = []
@@ -365,8 +386,11 @@ class Matrix:
         return cell.status if cell else NA
 
     def red_cells(self) -> list[tuple[str, str, Cell]]:
+        return self.cells_with(FAIL)
+
+    def cells_with(self, status: str) -> list[tuple[str, str, Cell]]:
         return [
-            (c, n, self.cells[c, n]) for c in self.checks for n in self.nodes if self.status(c, n) == FAIL
+            (c, n, self.cells[c, n]) for c in self.checks for n in self.nodes if self.status(c, n) == status
         ]
 
     def counts(self, node: str) -> Counter:
@@ -455,8 +479,8 @@ def render_markdown(
     host_keys: str | None = None,
     seen: list[str] | None = None,
 ) -> str:
-    red = m.red_cells()
-    verdict = "ok" if exitstatus == 0 else "FAIL"
+    red, unprobed = m.red_cells(), m.cells_with(NP)
+    verdict = "ok" if exitstatus == 0 else NP if exitstatus == EXIT_NOT_PROBED else "FAIL"
     out = ["# Verify matrix", ""]
     if cluster:
         out.append(f"- cluster: `{cluster}`")
@@ -471,17 +495,24 @@ def render_markdown(
         f"- finished: {finished}, wall time {_duration(wall)}",
         (
             f"- result: **{verdict}** (pytest exit status {exitstatus}): {len(m.checks)} checks "
-            f"on {hosts} nodes, {len(red)} red cells, {len(m.unreachable)} unreachable nodes"
+            f"on {hosts} nodes, {len(red)} red cells, {len(unprobed)} {NP} cells, "
+            f"{len(m.unreachable)} unreachable nodes"
         ),
         "",
     ]
     if collect_errors:
         out += ["## Collection errors (no check ran from these)", ""]
         out += [f"- `{_md(e)}`" for e in collect_errors] + [""]
-    out += ["## Nodes", "", f"| node | status | {OK} | {FAIL} | {SSH} | {SKIP} | why |", "|---" * 7 + "|"]
+    out += [
+        "## Nodes",
+        "",
+        f"| node | status | {OK} | {FAIL} | {SSH} | {NP} | {SKIP} | why |",
+        "|---" * 8 + "|",
+    ]
     for node in m.nodes:
         counts = m.counts(node)
         failed = [c.rsplit("::", 1)[-1] for c in m.checks if m.status(c, node) == FAIL]
+        not_probed = [c.rsplit("::", 1)[-1] for c in m.checks if m.status(c, node) == NP]
         if node in m.unreachable:
             reason, kind = m.unreachable[node]
             status, why = "**UNREACHABLE**", f"{reason}: {SSH_HINTS.get(kind, SSH_HINTS['other'])}"
@@ -489,11 +520,13 @@ def render_markdown(
                 why += f" ({m.seen_by_peers[node]})"
         elif failed:
             status, why = "**FAIL**", _list(failed, 5)
+        elif not_probed:
+            status, why = f"**{NP}**", f"not probed: {_list(not_probed, 5)}"
         else:
             status, why = "ok", ""
         out.append(
             f"| {node} | {status} | {counts[OK]} | {counts[FAIL]} | {counts[SSH]} "
-            f"| {counts[SKIP]} | {_md(why)} |"
+            f"| {counts[NP]} | {counts[SKIP]} | {_md(why)} |"
         )
     out += [
         "",
@@ -506,7 +539,7 @@ def render_markdown(
     ]
     for check in m.checks:
         cells = [m.status(check, n) for n in m.nodes]
-        cells = [f"**{s}**" if s in (FAIL, SSH) else s for s in cells]
+        cells = [f"**{s}**" if s in (FAIL, SSH, NP) else s for s in cells]
         out.append(f"| `{check}` | " + " | ".join(cells) + " |")
     out += ["", "## Red cells: symptom and first thing to do", ""]
     if not red and not m.unreachable:
@@ -524,6 +557,19 @@ def render_markdown(
             out.append(
                 f"| `{check}` | {node} | {_md(hint.symptom)} | {_md(hint.action)} | "
                 f"{'; '.join(_md_code(e) for e in cell.evidence())} |"
+            )
+    if unprobed:
+        out += [
+            "",
+            "## Not probed: the node answered, the check could not look",
+            "",
+            "| check | node | why | first thing to do |",
+            "|---|---|---|---|",
+        ]
+        for check, node, cell in unprobed:
+            out.append(
+                f"| `{check}` | {node} | {'; '.join(_md_code(w) for w in cell.not_probed())} | "
+                f"{_md(NOT_PROBED.format(node).action)} |"
             )
     if m.not_asked:
         out += ["", "## Cluster-wide checks that left nodes out", ""]
@@ -591,6 +637,25 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
             lines.append([(f"    its peers: {m.seen_by_peers[node]}", {"light": True})])
     for line in not_asked_lines(m):
         lines.append([("PARTIAL ", MARKUP[SKIP]), (line, {})])
+    not_probed: dict[str, list[tuple[str, Cell]]] = {}
+    for check, node, cell in m.cells_with(NP):
+        not_probed.setdefault(check, []).append((node, cell))
+    for check, cells in not_probed.items():
+        nodes = [n for n, _ in cells]
+        hint = NOT_PROBED.format(_hint_nodes(nodes))
+        lines.append(
+            [
+                ("NOT PROBED ", MARKUP[NP]),
+                (f"{check.rsplit('::', 1)[-1]} on {_list(nodes)}: ", {"bold": True}),
+                (hint.symptom, {}),
+            ]
+        )
+        lines.append([(f"    first: {hint.action}", {})])
+        for node, cell in cells[:3]:
+            for why in cell.not_probed():
+                lines.append([(f"    on {node}: {why}", {"light": True})])
+        if len(cells) > 3:
+            lines.append([(f"    ... {len(cells) - 3} more in the Markdown report", {"light": True})])
     by_check: dict[str, list[tuple[str, Cell]]] = {}
     for check, node, cell in m.red_cells():
         by_check.setdefault(check, []).append((node, cell))
@@ -674,6 +739,7 @@ class Recorder:
                 phase=report.when,
                 not_asked=tuple(h for v in props.get(P_NOT_ASKED, []) for h in json.loads(v)),
                 hint=tuple(json.loads(props[P_HINT][0])) if P_HINT in props and outcome == FAIL else None,
+                not_probed=(props.get(P_NOT_PROBED) or [None])[0] if outcome == SKIP else None,
             )
         )
 
@@ -682,6 +748,10 @@ class Recorder:
         self.wall = time.monotonic() - self.started
         self.matrix = build_matrix(self.results, self.addresses, self.order, self.check_order)
         self._add_reach(self.matrix)
+        if exitstatus == pytest.ExitCode.OK and self.matrix.cells_with(NP):
+            # pytest saw only passes and skips; an n/p cell is a check that did not look.
+            # pytest returns session.exitstatus as set once sessionfinish is done.
+            exitstatus = session.exitstatus = EXIT_NOT_PROBED
         option = self.config.getoption("--verify-matrix")
         self.path = Path(option) if option else self.config.rootpath / "reports" / "verify-matrix.md"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -714,6 +784,11 @@ class Recorder:
             f"first step: {total - len(reach.dead)} of {total} nodes answered over SSH in "
             f"{reach.seconds:.1f}s (--reach-timeout {reach.timeout:g}s)"
             + (f"; the probe broke: {reach.error}" if reach.error else "")
+            + (
+                f"; answered but not probed ({NP}): {_list(sorted(reach.probe_errors))}"
+                if reach.probe_errors
+                else ""
+            )
         )
 
     # Outermost wrapper: prints after pytest's short test summary, right before its final line.
@@ -744,12 +819,14 @@ class Recorder:
         tr.write_line(f"matrix: {self.path}")
         if m.reach_line:
             tr.write_line(m.reach_line)
+        broken = bool(red or m.unreachable)
         tr.write_line(
             (f"{dead_first(m)} -- " if m.unreachable else "")
-            + f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, "
+            + f"wall time {_duration(self.wall)}: {counts[OK]} ok, {red} FAIL, {counts[NP]} {NP}, "
             f"{counts[SKIP]} skip, {len(m.unreachable)} unreachable nodes",
             bold=True,
-            red=bool(red or m.unreachable),
-            green=not (red or m.unreachable),
+            red=broken,
+            purple=not broken and bool(counts[NP]),
+            green=not (broken or counts[NP]),
         )
         return result

@@ -19,6 +19,11 @@ Blame (docs/verify.md "Who is to blame"): a path A -> B that fails is B's proble
 of the nodes that tried B failed too, A's problem when A fails towards most of the peers the
 other nodes reach, and A's (naming B) when neither: a majority decides, so one dead node or
 one node with its link down turns one cell red, not every node's.
+
+A node that answered SSH but whose probe did not run (the channel did not open, no python3, the
+first step itself broke) has no view: it is "not probed" (`not_probed`, the matrix's `n/p`),
+neither a broken path nor a dead node, and blame() does not count it against its peers. Its
+peers' views of it still count: a node nobody reaches is red whether or not it probed.
 """
 
 from __future__ import annotations
@@ -31,12 +36,32 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import paramiko
+
 from roles.hosts import ib_name
 
 DEFAULT_TIMEOUT = 5.0  # seconds: --reach-timeout
 MANAGEMENT, IPOIB = "management", "IPoIB"
 NETWORKS = (MANAGEMENT, IPOIB)
 MAX_PARALLEL = 64  # SSH handshakes in flight from this machine at once
+
+
+def probe_bound(timeout: float) -> float:
+    """How long one attempt to open the probe's session, and then its run, may take.
+
+    Each of the probe's connects waits at most `timeout`, refused ones are tried 3 times. The
+    session's opening gets the same bound: on a node under load sshd took more than 30 s to open
+    one with the node up (64-node bench, 2 cores), because sshd opens the PAM session
+    (pam_systemd waits for root's user manager, user@0.service) before it serves any channel
+    request: the node answers TCP and authenticates, then the channel times out."""
+    return 4 * timeout + 40
+
+
+def worst_case(timeout: float) -> float:
+    """The prober's longest wait for one node: three login stages (TCP, banner, auth), two
+    attempts to open the session (one retry, run_probe) and the probe's run."""
+    return 3 * timeout + 3 * probe_bound(timeout)
+
 
 # No ping on a minimal node; a TCP connect to sshd by name proves /etc/hosts and the path.
 # Every name at once (threads, at most 64 connects in flight), each connect bounded by the
@@ -97,7 +122,7 @@ class Reach:
     views: dict[str, dict[str, str]] = field(default_factory=dict)  # prober -> {name: error or ""}
     probe_errors: dict[str, str] = field(default_factory=dict)  # answered SSH, probe failed
     names: dict[str, dict[str, str]] = field(default_factory=dict)  # network -> {hostname: name}
-    error: str = ""  # the probe itself broke: no node is taken for dead, cross-node checks fail
+    error: str = ""  # the probe itself broke: no node is taken for dead, cross-node cells are n/p
 
     def __post_init__(self):
         self._blame: dict[str, dict[str, list[str]]] = {}  # per network, decided once (O(N^2))
@@ -115,14 +140,20 @@ class Reach:
             raise NodeUnreachable(node.hostname, kind, reason, target)
 
     def blame_of(self, hostname: str, network: str) -> list[str]:
-        """What of `network`'s failures is this node's to fix (empty: its cell is ok)."""
-        if self.error:
-            return [f"the reachability probe failed: {self.error}"]
-        if hostname in self.probe_errors:
-            return [f"could not probe its peers: {self.probe_errors[hostname]}"]
+        """What of `network`'s failures is this node's to fix (empty: no path found broken;
+        see not_probed for whether its own view was there to look at)."""
         if network not in self._blame:
             self._blame[network] = blame(self.names.get(network, {}), self.views)
         return self._blame[network].get(hostname, [])
+
+    def not_probed(self, hostname: str) -> str:
+        """Why this node's paths to its peers were not tested ("" when its probe ran). Not a
+        broken path nor a dead node: the cross-node cells say n/p (tests/verify/matrix.py)."""
+        if self.error:  # no node's view exists: nothing was tested anywhere
+            return f"the reachability probe failed: {self.error}"
+        if hostname in self.probe_errors:
+            return f"could not probe its peers: {self.probe_errors[hostname]}"
+        return ""
 
     def peers_view(self, hostname: str) -> str:
         """For a node this machine cannot reach: whether the nodes that answered reach it."""
@@ -195,11 +226,7 @@ def run(
             return
         on_answer(node.hostname, None)
         try:
-            # Bounded: each connect waits at most `timeout`, refused ones are tried 3 times.
-            # paramiko's exec_command bounds the session's opening by the same figure: on a node
-            # under load sshd and PAM (pam_systemd asking logind for a session) took more than
-            # 30 s to open one, with the node up (64-node bench, 2 cores): 30 s more for that.
-            _, stdout, stderr = client.exec_command(command, timeout=4 * timeout + 40)
+            stdout, stderr = run_probe(client, command, probe_bound(timeout))
             out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
             status = stdout.channel.recv_exit_status()
             if status != 0:
@@ -219,6 +246,29 @@ def run(
     return reach
 
 
+def run_probe(client, command: str, bound: float):
+    """(stdout, stderr) of `command` over `client`, the session's opening tried twice.
+
+    paramiko's exec_command opens a session channel, bounded by `bound` ("Timeout opening
+    channel."), then sends the exec request; its SSHException means the probe did not start, so
+    a second try is safe (the probe only connects). The retry goes over the same connection: its
+    PAM session is what sshd was still opening (probe_bound), a new login would start it again.
+    A failure after that (reading the output) is not retried: the probe ran, for up to `bound`."""
+    try:
+        _, stdout, stderr = client.exec_command(command, timeout=bound)
+    except paramiko.SSHException as first:
+        try:
+            _, stdout, stderr = client.exec_command(command, timeout=bound)
+        except paramiko.SSHException as second:
+            both = (
+                f"{second} (twice, {bound:g}s each)"
+                if str(first) == str(second)
+                else f"{first}; again: {second}"
+            )
+            raise paramiko.SSHException(both) from second
+    return stdout, stderr
+
+
 def blame(names: dict[str, str], views: dict[str, dict[str, str]]) -> dict[str, list[str]]:
     """{hostname: its share of one network's failures} by majority.
 
@@ -226,7 +276,8 @@ def blame(names: dict[str, str], views: dict[str, dict[str, str]]) -> dict[str, 
     prober) to {name: error or ""}. A node most of whose probers fail to reach it ("nobody
     reaches it") takes those failures; a prober that fails towards most of the peers the others
     reach takes its own; what remains (a path between two nodes that otherwise work) goes to
-    the prober, naming the peer, as a firewall between two nodes shows."""
+    the prober, naming the peer, as a firewall between two nodes shows. A node whose probe did
+    not run has no view: it is a peer the probers try, never a prober that failed."""
     probers = [h for h in names if h in views]
 
     def err(a: str, b: str) -> str | None:  # None: not probed
@@ -288,8 +339,8 @@ def write_atomically(path: Path, text: str) -> None:
 class Published:
     """What a process checking nodes knows of the first step: a node's verdict as soon as the
     prober wrote it, the whole result (views, blame) once it is complete. Waits are bounded:
-    the prober's own worst case (three login stages and the probe command, each bounded by
-    the timeout) and a minute more."""
+    the prober's own worst case (worst_case: the login stages, the session's opening with its
+    retry, the probe command) and a minute more."""
 
     def __init__(self, directory: Path | None, timeout: float, why: str = ""):
         self.directory, self.timeout, self.why = directory, timeout, why
@@ -300,7 +351,7 @@ class Published:
     def _read(self, path: Path, or_else: Path | None = None) -> str | None:
         """`path`'s text once it exists (or "" once `or_else` does), None past the deadline."""
         if self.deadline is None:
-            self.deadline = time.monotonic() + 10 * self.timeout + 60
+            self.deadline = time.monotonic() + worst_case(self.timeout) + 60
         while not path.exists():
             if or_else is not None and or_else.exists():
                 return ""
@@ -341,3 +392,6 @@ class Published:
 
     def blame_of(self, hostname: str, network: str) -> list[str]:
         return self.full().blame_of(hostname, network)
+
+    def not_probed(self, hostname: str) -> str:
+        return self.full().not_probed(hostname)
