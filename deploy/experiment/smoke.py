@@ -1,20 +1,24 @@
 """The smoke experiments verify submits (tests/verify/test_smoke.py): does this cluster train?
 
-Three small experiments, each built from `experiment new`'s template for the cluster (the
-checkpoint storage on its MinIO, the pinned task image, the fabric from task_container_defaults,
-max_restarts 0), with the checkpoint prefix moved under `verify-smoke/<run id>` so that the
-cleanup removes exactly what the smoke wrote:
+Four small experiments, each built from `experiment new`'s template for the cluster (the
+checkpoint storage on its MinIO, the fabric from task_container_defaults, max_restarts 0), with
+the checkpoint prefix moved under `verify-smoke/<run id>` so that the cleanup removes exactly
+what the smoke wrote, and without the template's environment.image: the smoke runs the image
+master.yaml's task_container_defaults gives trials, so that a broken default turns it red:
 
 - save: one slot; the trial writes a checkpoint (two small files) to MinIO with boto3 set up the
   way Determined's S3StorageManager sets it up, and prints its uuid;
 - restore: one slot, hparam `restore_uuid`; the trial reads that checkpoint back and checks it;
 - allreduce: two agents (slots_per_trial = two whole agents, the master's multi-agent fitting);
   rank 0 runs `mpirun` over ssh (port 12350) into the other container, whose trial starts sshd
-  with the per-trial key, and the ranks allreduce with mpi4py over the inter-node interface.
+  with the per-trial key, and the ranks allreduce with mpi4py over the inter-node interface;
+- single: every slot of one agent (the largest); one container on Docker's bridge network, a
+  rank per slot, the ranks allreduce inside it, and a socket interface named by
+  NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME that the container lacks fails it as NCCL and Gloo do.
 
 The trial prints `SMOKE-OK <row>: ...` when its row passed and exactly one
 `SMOKE-FAIL <row>: <what>` line when it did not (the S3 error code and message as boto3 gives
-them, the ssh or MPI error), so that verify can name the cause and its hint.
+them, the ssh, MPI or collective's error), so that verify can name the cause and its hint.
 """
 
 from __future__ import annotations
@@ -33,10 +37,15 @@ from deploy.experiment.target import Target
 
 PREFIX_ROOT = "verify-smoke"
 TRIAL_FILE = "smoke_trial.py"
-SAVE, RESTORE, ALLREDUCE = "save", "restore", "allreduce"
-KINDS = (SAVE, RESTORE, ALLREDUCE)
+SAVE, RESTORE, ALLREDUCE, SINGLE = "save", "restore", "allreduce", "single"
+KINDS = (SAVE, RESTORE, ALLREDUCE, SINGLE)
 # The rows' names as the trial prints them.
-ROWS = {SAVE: "checkpoint-save", RESTORE: "checkpoint-restore", ALLREDUCE: "allreduce"}
+ROWS = {
+    SAVE: "checkpoint-save",
+    RESTORE: "checkpoint-restore",
+    ALLREDUCE: "allreduce",
+    SINGLE: "single-agent-allreduce",
+}
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -65,6 +74,10 @@ def config(
         hparams["restore_uuid"] = restore_uuid
     doc["hyperparameters"] = hparams
     doc["checkpoint_storage"]["prefix"] = smoke_prefix(target, run_id)
+    # The template pins the image for users' experiments; the smoke proves what master.yaml
+    # gives a trial that names none (task_container_defaults.image, which the master merges in:
+    # master/pkg/model/task_container_defaults.go MergeIntoExpConfig).
+    doc["environment"].pop("image", None)
     doc["max_restarts"] = 0  # a failure is the answer; a restart would only hide it
     doc["labels"] = ["verify-smoke"]
     return doc

@@ -13,8 +13,9 @@ some cells are n/p (a node answered but its reachability probe did not run). Its
 the unreachable nodes first, with the first thing to look at.
 
 It submits a smoke experiment to the master (tests/verify/test_smoke.py: a checkpoint saved and
-restored from inside trials, a two-agent allreduce over the fabric; archived and cleaned up
-after). `--no-smoke` skips it, for a production cluster that must not run jobs; `-k smoke` runs
+restored from inside trials, a two-agent allreduce over the fabric, a single-agent one inside
+one container; archived and cleaned up after; a row whose slots others' work holds is skipped
+as busy). `--no-smoke` skips it, for a production cluster that must not run jobs; `-k smoke` runs
 only it.
 """
 
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     print(
         "verify: smoke experiment OFF (--no-smoke): no job is submitted"
         if args.no_smoke
-        else "verify: smoke experiment ON: three small experiments go to the master, archived after "
+        else "verify: smoke experiment ON: four small experiments go to the master, archived after "
         "(--no-smoke for a cluster that must not run jobs)",
         flush=True,
     )

@@ -109,7 +109,7 @@ def pytest_addoption(parser):
         "--no-smoke",
         action="store_true",
         help="do not submit the smoke experiment (tests/verify/test_smoke.py): for a production "
-        "cluster that must not run jobs; its three rows are skipped",
+        "cluster that must not run jobs; its four rows are skipped",
     )
 
 
@@ -154,7 +154,7 @@ def pytest_report_header(config):
     smoke = (
         "smoke experiment: OFF (--no-smoke): no job submitted"
         if config.getoption("--no-smoke")
-        else "smoke experiment: ON: three small experiments are submitted to the master and "
+        else "smoke experiment: ON: four small experiments are submitted to the master and "
         "archived after (--no-smoke for a cluster that must not run jobs)"
     )
     return [line for line in (getattr(config, "verify_host_keys", None), smoke) if line]

@@ -485,6 +485,15 @@ HINTS: dict[str, Hint] = {
         "`ibstat`, `iblinkinfo`, `ip link show` of the IPoIB interface on both agents; a firewall "
         "(`iptables-save`); the trial's log lines in the detail; then " + REDEPLOY,
     ),
+    "test_smoke_single_agent_allreduce": Hint(
+        "the ranks of a trial with all the slots of one agent (one container on Docker's bridge "
+        "network: eth0 and lo only) cannot allreduce: most often NCCL_SOCKET_IFNAME / "
+        "GLOO_SOCKET_IFNAME name an interface such a container lacks ('Bootstrap : no socket "
+        "interface found', 'Unable to find address for')",
+        "the error in the detail; those variables in task_container_defaults of "
+        "/etc/determined/master.yaml must reach multi-agent (host network) trials only; the task "
+        "image's Open MPI / torch; then " + REDEPLOY,
+    ),
 }
 
 FALLBACK = Hint(

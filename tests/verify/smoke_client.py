@@ -4,17 +4,27 @@ The configurations and the trial come from deploy/experiment/smoke.py. What this
 with the calls and JSON field names of Determined 0.38.0's REST API (grpc-gateway camelCase, as
 harness/determined/common/api/bindings.py sends and reads them):
 
+  GET  /api/v1/agents                       -> {"agents": [{"id", "enabled", "draining",
+                                               "slots": {id: {"enabled", "container"}}}]}
+  GET  /api/v1/tasks                        -> {"allocationIdToSummary": {id: {"taskId",
+                                               "name", "resources": [{"containerId"}]}}}
   POST /api/v1/experiments {"config": <YAML>, "modelDefinition": [v1File], "activate": true}
-  GET  /api/v1/experiments/{id}             -> {"experiment": {"state": "STATE_..."}}
+  GET  /api/v1/experiments/{id}             -> {"experiment": {"state", "name", "username"}}
   GET  /api/v1/experiments/{id}/trials      -> {"trials": [{"id", "state"}]}
-  GET  /api/v1/trials/{id}/logs             -> newline-delimited {"result": {"message", ...}}
+  GET  /api/v1/trials/{id}/logs             -> newline-delimited {"result": {"message",
+                                               "agentId", "containerId", "source", ...}}
   POST /api/v1/experiments/{id}/kill, POST /api/v1/experiments/{id}/archive
 
-The save and the allreduce experiments run at once; the restore experiment is submitted when
-the save trial has printed its checkpoint's uuid. Each row's verdict is the trial's own
-SMOKE-OK / SMOKE-FAIL line; a failure gets the hint of the article's troubleshooting table that
-fits its message (failure_hint). The cleanup (kill, archive, remove the objects under the run's
-prefix) always runs.
+Before each row is submitted, the agents' slots say whether the slots it needs are free
+(`availability`); when other users' work holds them the row is "not run: busy", naming the
+experiments that hold them (a slot's container -> the allocation holding it -> its trial's
+experiment, as `det slot list` joins GetAgents and GetTasks: harness/determined/cli/agent.py
+list_slots), and nothing is submitted. The save and the two-agent allreduce run at once; the
+restore follows the save, the single-agent allreduce the two-agent one (both want whole agents).
+Each row's verdict is the trial's own SMOKE-OK / SMOKE-FAIL line; a trial whose container died
+before it said anything is judged by the first error line of the container's own log
+(`container_cause`). A failure gets the hint that fits its message (failure_hint). The cleanup
+(kill, archive, remove the objects under the run's prefix) always runs.
 """
 
 from __future__ import annotations
@@ -105,15 +115,28 @@ class Api:
     def trials(self, experiment: int) -> list[dict]:
         return self.call("GET", f"/api/v1/experiments/{experiment}/trials").get("trials") or []
 
-    def logs(self, trial: int) -> list[str]:
-        lines = []
+    def logs(self, trial: int) -> list[dict]:
+        """The trial's log entries (v1TrialLogsResponse: message, agentId, containerId, rankId,
+        source, stdtype, level), the message without its newline."""
+        entries = []
         for raw in self.raw("GET", f"/api/v1/trials/{trial}/logs").splitlines():
             try:
                 entry = json.loads(raw).get("result") or {}
             except (ValueError, AttributeError):
                 continue
-            lines.append(str(entry.get("message") or entry.get("log") or "").rstrip("\n"))
-        return lines
+            message = str(entry.get("message") or entry.get("log") or "").rstrip("\n")
+            entries.append({**entry, "message": message})
+        return entries
+
+    def agents(self) -> list[dict]:
+        return self.call("GET", "/api/v1/agents").get("agents") or []
+
+    def tasks(self) -> dict:
+        """GET /api/v1/tasks: {allocation id: AllocationSummary} of the running allocations."""
+        return self.call("GET", "/api/v1/tasks").get("allocationIdToSummary") or {}
+
+    def experiment(self, experiment: int) -> dict:
+        return self.call("GET", f"/api/v1/experiments/{experiment}").get("experiment") or {}
 
     def end(self, experiment: int) -> str:
         """Kill it if it still runs (the real master refuses to archive an active one), wait a
@@ -198,35 +221,279 @@ CRASHED = Hint(
     "its log lines in the detail; `journalctl -u determined-agent` on its agent (image pull, "
     "devices, Docker)",
 )
+PULL = Hint(
+    "the agent could not pull or start the task image master.yaml gives trials "
+    "(task_container_defaults.image: the smoke names no image of its own)",
+    "`docker pull IMAGE` on the agent named in the detail; task_container_defaults.image in "
+    "/etc/determined/master.yaml against determined.task_image in cluster.yaml "
+    "(sources.registry, registry_ca); then " + REDEPLOY,
+)
+RESOLVE = Hint(
+    "a host name the trial uses does not resolve inside its container",
+    "bridge-network containers do not read the node's /etc/hosts: addresses, not names, in "
+    "master.yaml (checkpoint_storage.endpoint_url, master_host); `docker run --rm IMAGE getent "
+    "hosts NAME` on the agent named in the detail",
+)
+IFNAME = Hint(
+    "the collective's socket interface (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME) is not in the "
+    "trial's container: a trial on one agent runs on Docker's bridge network, which has eth0 and "
+    "lo only, and NCCL and Gloo fail instead of picking another interface",
+    "the variables in task_container_defaults.environment_variables of "
+    "/etc/determined/master.yaml must reach multi-agent (host network) trials only, or name an "
+    "interface bridge containers have; then " + REDEPLOY,
+)
+COLLECTIVE = Hint(
+    "the ranks of a single-agent trial could not allreduce inside their one container",
+    "the mpirun or Gloo error in the detail; the task image's Open MPI / torch; the container's "
+    "loopback and eth0 (`docker run --rm IMAGE ip addr` on the agent named in the detail)",
+)
+SINGLE_PLACEMENT = Hint(
+    "the single-agent trial did not get one container with all the slots of one agent",
+    "`det slot list`: an enabled agent with at least two slots, none of them held",
+)
 
-_RULES: tuple[tuple[str, tuple[str, ...], Hint], ...] = (
-    ("s3", ("AuthorizationHeaderMalformed", "region is wrong", "IllegalLocationConstraint"), REGION),
-    ("s3", ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Permission denied"), KEYS),
-    ("s3", ("S3 403", "Forbidden", "InvalidToken"), KEYS),
-    ("s3", ("NoSuchBucket",), BUCKET),
-    ("s3", ("NoSuchKey", "content differs", "S3 404"), GONE),
-    ("s3", ("Could not connect", "EndpointConnectionError", "ConnectTimeout", "timed out"), ENDPOINT),
-    ("s3", ("Name or service not known", "Temporary failure in name resolution"), ENDPOINT),
-    ("any", ("not in the image", "No module named", "neither mpi4py nor torch"), IMAGE),
-    ("mpi", ("did not span two agents", "on one node"), PLACEMENT),
-    ("mpi", ("Permission denied (publickey", "Host key verification", "sshd exited"), SSH),
-    ("mpi", ("AllReduce", "No route", "unreachable", "timed out", "refused"), FABRIC),
-    ("mpi", ("ORTE", "mpirun"), FABRIC),
+# The areas of the rows: S3 for the checkpoint rows, MPI for the two-agent allreduce (host
+# network, ssh between containers), COLL for the single-agent one (one bridge container).
+S3, MPI, COLL = "s3", "mpi", "coll"
+ANY = (S3, MPI, COLL)
+AREAS = {smoke.SAVE: S3, smoke.RESTORE: S3, smoke.ALLREDUCE: MPI, smoke.SINGLE: COLL}
+RESOLVING = (
+    "Could not resolve host",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "nodename nor servname",
+    "No address associated with hostname",
+)
+# NCCL's bootstrap.cc ("Bootstrap : no socket interface found"; "NET/Socket : No usable
+# listening interface found" with NCCL_COMM_ID), its socket transport's "NET/Socket", Gloo's
+# gloo/transport/tcp/device.cc ("Unable to find address for: <iface>").
+NO_INTERFACE = (
+    "no socket interface found",
+    "No usable listening interface found",
+    "NET/Socket",
+    "Unable to find address for",
+)
+PULLING = (
+    "pull access denied",
+    "manifest unknown",
+    "failed to pull",
+    "Error response from daemon",
+    "image not found",
+    "No such image",
+)
+MISSING = ("not in the image", "No module named", "neither mpi4py nor torch", "python3: not found")
+
+_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], Hint], ...] = (
+    ((S3,), ("AuthorizationHeaderMalformed", "region is wrong", "IllegalLocationConstraint"), REGION),
+    ((S3,), ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Permission denied"), KEYS),
+    ((S3,), ("S3 403", "Forbidden", "InvalidToken"), KEYS),
+    ((S3,), ("NoSuchBucket",), BUCKET),
+    ((S3,), ("NoSuchKey", "content differs", "S3 404"), GONE),
+    ((S3,), RESOLVING, ENDPOINT),
+    ((S3,), ("Could not connect", "EndpointConnectionError", "ConnectTimeout", "timed out"), ENDPOINT),
+    ((S3,), ("Connection refused",), ENDPOINT),
+    (ANY, PULLING, PULL),
+    (ANY, MISSING, IMAGE),
+    ((MPI, COLL), RESOLVING, RESOLVE),
+    ((COLL,), NO_INTERFACE, IFNAME),
+    ((MPI,), NO_INTERFACE, FABRIC),
+    ((COLL,), ("did not fit on one agent", "no collective between ranks"), SINGLE_PLACEMENT),
+    ((MPI,), ("did not span two agents", "on one node"), PLACEMENT),
+    ((MPI,), ("Permission denied (publickey", "Host key verification", "sshd exited"), SSH),
+    ((MPI,), ("AllReduce", "No route", "unreachable", "timed out", "refused"), FABRIC),
+    ((MPI,), ("ORTE", "mpirun"), FABRIC),
+    ((COLL,), ("AllReduce", "mpirun", "ORTE", "Gloo", "refused", "timed out"), COLLECTIVE),
 )  # fmt: skip
 
 
 def failure_hint(kind: str, line: str) -> Hint:
-    """The hint that fits what a smoke row's failure says (its SMOKE-FAIL line, or verify's own
-    line when the trial said nothing)."""
-    area = "mpi" if kind == smoke.ALLREDUCE else "s3"
-    for where, needles, hint in _RULES:
-        if where in (area, "any") and any(n in line for n in needles):
+    """The hint that fits what a smoke row's failure says (its SMOKE-FAIL line, verify's own
+    line when the trial said nothing, or the container's first error line)."""
+    area = AREAS[kind]
+    for areas, needles, hint in _RULES:
+        if area in areas and any(n in line for n in needles):
             return hint
     if line.startswith("the master refused"):
         return REFUSED
     if line.startswith("did not finish"):
         return STUCK
-    return FABRIC if area == "mpi" and "AllReduce" in line else CRASHED
+    return CRASHED
+
+
+# --- the container's own cause, when the trial said nothing -------------------------------
+
+# Lines that say a container failed, in the order they are trusted: the known causes first
+# (whatever their position: a resolver error printed before a long traceback is the cause),
+# then generic error words. A traceback's cause is its last line (the exception).
+_KNOWN = RESOLVING + NO_INTERFACE + PULLING + MISSING + ("Connection refused", "An error occurred (")
+_GENERIC = re.compile(r"\b(error|Error|ERROR|FATAL|fatal|Exception|refused|denied)\b")
+# The master's and agent's own bookkeeping: never the cause.
+_BOOKKEEPING = re.compile(
+    r"^(Scheduling Trial |trial \d+ ended|container \S+ exited with code |trial failed, restarting)"
+)
+
+
+def _entry(item) -> dict:
+    return item if isinstance(item, dict) else {"message": str(item)}
+
+
+def _exception_line(lines: list[str], start: int) -> str | None:
+    """The exception line that ends the traceback starting at lines[start]."""
+    for line in lines[start + 1 :]:
+        if line and not line.startswith((" ", "\t", "Traceback")):
+            return line
+    return None
+
+
+@dataclass(frozen=True)
+class Cause:
+    line: str  # the container's first error line
+    agent: str | None  # the agent whose container printed it (None: the log does not say)
+
+
+def container_cause(entries: list) -> Cause | None:
+    """The first line of the trial's containers' log that says why one failed, and its agent;
+    None when no line looks like an error. Pure: `entries` are log entries (dicts with
+    "message", "agentId", "source", "level") or plain lines."""
+    rows = [_entry(e) for e in entries]
+    # Leading blanks kept: they tell a traceback's frames from its exception line.
+    texts = [str(e.get("message") or "").rstrip() for e in rows]
+
+    def usable(i: int) -> bool:
+        text = texts[i].strip()
+        return bool(text) and not _BOOKKEEPING.match(text) and not text.startswith("SMOKE-")
+
+    for i, text in enumerate(texts):
+        if usable(i) and any(k in text for k in _KNOWN):
+            return Cause(text.strip(), rows[i].get("agentId"))
+    for i, text in enumerate(texts):
+        if not usable(i):
+            continue
+        if text.startswith("Traceback"):
+            return Cause((_exception_line(texts, i) or text).strip(), rows[i].get("agentId"))
+        if rows[i].get("level") in ("LOG_LEVEL_ERROR", "LOG_LEVEL_CRITICAL") or _GENERIC.search(text):
+            return Cause(text.strip(), rows[i].get("agentId"))
+    return None
+
+
+def crash_line(cause: Cause, node_of) -> str:
+    """The row's line for a container that failed before the trial's verdict."""
+    where = "an unknown agent"
+    if cause.agent:
+        node = node_of(cause.agent)
+        where = f"{node} (agent {cause.agent})" if node and node != cause.agent else cause.agent
+    return f"the trial's container on {where} failed before the trial said why: {cause.line[:300]}"
+
+
+# --- slots: free, or held by whom -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentSlots:
+    id: str
+    node: str | None  # the agent's node (None: not this cluster's)
+    total: int
+    free: int  # enabled slots that no container holds
+    usable: bool  # enabled and not draining: the master schedules onto it
+    holders: tuple[str, ...]  # the ids of the containers holding its slots
+
+
+def agent_slots(agents: list[dict], node_of) -> list[AgentSlots]:
+    """GET /api/v1/agents as slots: a slot is free when enabled and its "container" is empty
+    (agentv1.Slot.container: the container holding it, from its assignment on)."""
+    out = []
+    for agent in agents:
+        slots = agent.get("slots") or {}
+        slots = slots.values() if isinstance(slots, dict) else slots
+        slots = [s for s in slots if isinstance(s, dict)]
+        holders = sorted({str((s.get("container") or {}).get("id")) for s in slots if s.get("container")})
+        free = sum(1 for s in slots if not s.get("container") and s.get("enabled", True))
+        usable = bool(agent.get("enabled", True)) and not agent.get("draining", False)
+        out.append(
+            AgentSlots(
+                str(agent.get("id")), node_of(str(agent.get("id"))), len(slots), free, usable, tuple(holders)
+            )
+        )
+    return out
+
+
+def _mine(agents: list[AgentSlots]) -> list[AgentSlots]:
+    return [a for a in agents if a.node is not None and a.usable and a.total > 0]
+
+
+def allreduce_slots(agents: list[dict], node_of) -> int | None:
+    """slots_per_trial for a trial on two whole agents of one size on two different nodes:
+    Determined fits a multi-agent trial onto agents of one size, each contributing all its slots
+    (master/internal/rm/agentrm/fitting.go). The smallest such size; None when there is none.
+    `node_of(agent id)` names the agent's node (None: unknown agent)."""
+    nodes_by_size: dict[int, set[str]] = {}
+    for a in _mine(agent_slots(agents, node_of)):
+        nodes_by_size.setdefault(a.total, set()).add(str(a.node))
+    sizes = [size for size, nodes in sorted(nodes_by_size.items()) if len(nodes) >= 2]
+    return 2 * sizes[0] if sizes else None
+
+
+def single_slots(agents: list[dict], node_of) -> int | None:
+    """slots_per_trial for the single-agent row: all the slots of the largest enabled agent of
+    this cluster (a trial that fits on one agent gets one container there); None without an
+    agent of two slots or more (one rank has no collective to try)."""
+    size = max((a.total for a in _mine(agent_slots(agents, node_of))), default=0)
+    return size if size >= 2 else None
+
+
+def blocking(kind: str, slots: int, agents: list[AgentSlots]) -> tuple[str, ...] | None:
+    """None when the slots `kind`'s trial needs are free now; else the containers holding the
+    slots it could use (empty: none is held, the agents are too few or disabled)."""
+    mine = _mine(agents)
+    if kind == smoke.ALLREDUCE:
+        size = slots // 2
+        fitting = [a for a in mine if a.total == size]
+        idle_nodes = {a.node for a in fitting if a.free == a.total}
+        if len(idle_nodes) >= 2:
+            return None
+    elif kind == smoke.SINGLE:
+        fitting = [a for a in mine if a.total >= slots]
+        if any(a.free >= slots for a in fitting):
+            return None
+    else:
+        fitting = mine
+        if any(a.free >= slots for a in fitting):
+            return None
+    return tuple(sorted({h for a in fitting for h in a.holders}))
+
+
+_EXPERIMENT_OF_TASK = re.compile(r"([0-9]+)\.")  # a trial's task id: <experiment id>.<uuid>
+_EXPERIMENT_IN_NAME = re.compile(r"\(Experiment ([0-9]+)\)")  # "Trial 5 (Experiment 3)"
+
+
+def holders_of(containers: tuple[str, ...], summaries: dict) -> dict[str, int | str]:
+    """{container id: experiment id, or the allocation's name for other tasks (a notebook, a
+    command), or the container id when no allocation claims it}, from GET /api/v1/tasks."""
+    by_container: dict[str, dict] = {}
+    for summary in summaries.values():
+        for resources in summary.get("resources") or []:
+            if resources.get("containerId"):
+                by_container[str(resources["containerId"])] = summary
+    out: dict[str, int | str] = {}
+    for cid in containers:
+        summary = by_container.get(cid)
+        if summary is None:
+            out[cid] = f"container {cid}"
+            continue
+        name = str(summary.get("name") or "")
+        m = _EXPERIMENT_IN_NAME.search(name) or _EXPERIMENT_OF_TASK.match(str(summary.get("taskId") or ""))
+        out[cid] = int(m.group(1)) if m else (name or f"task {summary.get('taskId')}")
+    return out
+
+
+def busy_line(kind: str, slots: int, named: list[str]) -> str:
+    need = {
+        smoke.ALLREDUCE: f"two whole agents of {slots // 2} slots on two nodes",
+        smoke.SINGLE: f"all {slots} slots of one agent",
+    }.get(kind, f"{slots} slot")
+    if not named:
+        return f"not run: busy: no {need} free (no container holds them: agents disabled or draining?)"
+    return f"not run: busy: {need} wanted, held by {', '.join(named)}"
 
 
 # --- one smoke run ------------------------------------------------------------------------
@@ -243,24 +510,65 @@ def _tail(lines: list[str], n: int = 5) -> list[str]:
     return [line for line in lines if line.strip()][-n:]
 
 
-class Smoke:
-    """Submit, poll and judge the three smoke experiments; `run()` returns {kind: Row} and
-    always ends every experiment it submitted and removes the checkpoint objects (`cleanup`)."""
+FREE, OURS, BUSY = "free", "ours", "busy"
 
-    def __init__(self, api: Api, target: Target, run_id: str, allreduce_slots: int | None, remove_prefix):
+
+class Smoke:
+    """Submit, poll and judge the smoke experiments; `run()` returns {kind: Row} and always
+    ends every experiment it submitted and removes the checkpoint objects (`cleanup`)."""
+
+    def __init__(self, api: Api, target: Target, run_id: str, remove_prefix, node_of):
         self.api, self.target, self.run_id = api, target, run_id
-        self.allreduce_slots = allreduce_slots  # None: no two agents to run it on
         self.remove_prefix = remove_prefix  # callable(prefix) -> str: what the cleanup removed
+        self.node_of = node_of  # agent id -> this cluster's node, or None
         self.rows = {kind: Row(kind) for kind in smoke.KINDS}
+        self.slots: dict[str, int | None] = {}
         self.submitted: list[int] = []
         self.cleanup_notes: list[str] = []
         self.saved_uuid: str | None = None
 
+    # -- slots
+    def availability(self, kind: str) -> tuple[str, str]:
+        """FREE, OURS (only this run's own trials hold the slots: wait) or BUSY with the row's
+        "not run: busy" line naming the other experiments that hold them."""
+        slots = self.slots[kind] or 1
+        held = blocking(kind, slots, agent_slots(self.api.agents(), self.node_of))
+        if held is None:
+            return FREE, ""
+        try:
+            owners = holders_of(held, self.api.tasks()) if held else {}
+        except SmokeError:  # a master without GetTasks: the containers still say it is busy
+            owners = {cid: f"container {cid}" for cid in held}
+        others = sorted({o for o in owners.values() if o not in self.submitted}, key=str)
+        if held and not others:
+            return OURS, ""
+        return BUSY, busy_line(kind, slots, [self.describe(o) for o in others])
+
+    def describe(self, owner: int | str) -> str:
+        if isinstance(owner, str):
+            return owner
+        try:
+            exp = self.api.experiment(owner)
+        except SmokeError:
+            return f"experiment {owner}"
+        user = f" ({exp['username']})" if exp.get("username") else ""
+        return f"experiment {owner} {json.dumps(str(exp.get('name') or ''))}{user}"
+
+    def start(self, kind: str, **kwargs) -> Running | None:
+        """Submit `kind` when its slots are free; a busy row is a skip with the holders named."""
+        state, line = self.availability(kind)
+        if state == BUSY:
+            self.rows[kind].line = line
+            return None
+        return self.submit(kind, **kwargs)
+
     def submit(self, kind: str, **kwargs) -> Running | None:
         row = self.rows[kind]
         started = time.monotonic()
+        slots = self.slots.get(kind) or 1
         try:
-            experiment = self.api.create(smoke.config_yaml(self.target, kind, self.run_id, **kwargs))
+            config = smoke.config_yaml(self.target, kind, self.run_id, slots=slots, **kwargs)
+            experiment = self.api.create(config)
         except SmokeError as e:
             self.judge_line(row, f"the master refused the experiment: {e}", started)
             return None
@@ -277,17 +585,33 @@ class Smoke:
         """The row of a finished (or timed-out) experiment, from its trials' log lines."""
         row = self.rows[running.kind]
         trials = self.api.trials(running.experiment)
-        messages = [m for trial in trials for m in self.api.logs(int(trial["id"]))]
+        entries = [_entry(e) for trial in trials for e in self.api.logs(int(trial["id"]))]
+        messages = [str(e.get("message") or "") for e in entries]
         said = smoke.outcome(running.kind, messages)
         if said is not None and said.ok and state == "STATE_COMPLETED":
             self.judge_line(row, said.line, running.started, ok=True)
             self.saved_uuid = said.uuid or self.saved_uuid
             return
+        cause = container_cause(entries) if said is None else None
         if said is not None and not said.ok:
             line = said.line
         elif state not in TERMINAL:
-            trial_states = ", ".join(sorted({str(t.get("state")) for t in trials})) or "no trial yet"
-            line = f"did not finish in {DEADLINE}s: experiment {state}, trial {trial_states}"
+            trial_states = {str(t.get("state")) for t in trials}
+            if trial_states <= {"STATE_QUEUED"}:
+                # Never scheduled: other users' work that took the slots after the check is
+                # "busy", as before the submission; a trial that ran and hangs stays red.
+                free, busy = self.availability(running.kind)
+                if free == BUSY:
+                    row.line, row.experiment = (
+                        busy.replace("not run:", "queued, not run:", 1),
+                        running.experiment,
+                    )
+                    row.seconds = time.monotonic() - running.started
+                    return
+            shown = ", ".join(sorted(trial_states)) or "no trial yet"
+            line = f"did not finish in {DEADLINE}s: experiment {state}, trial {shown}"
+        elif cause is not None:
+            line = crash_line(cause, self.node_of)
         else:
             last = " | ".join(_tail(messages, 3)) or "no log lines"
             line = f"experiment {state} without a verdict from the trial: {last}"
@@ -302,19 +626,62 @@ class Smoke:
         return self.rows
 
     def _run(self) -> None:
+        agents = self.api.agents()
+        self.slots = {
+            smoke.SAVE: 1,
+            smoke.RESTORE: 1,
+            smoke.ALLREDUCE: allreduce_slots(agents, self.node_of),
+            smoke.SINGLE: single_slots(agents, self.node_of),
+        }
+        unplaceable = {
+            smoke.ALLREDUCE: "not run: fewer than two enabled agents of one size on two nodes",
+            smoke.SINGLE: "not run: no enabled agent with two slots or more",
+        }
+        # Every row's slots checked before anything is submitted: other users' work makes a
+        # row "busy" at once, never a trial queued until the deadline.
+        todo = []
+        for kind in (smoke.ALLREDUCE, smoke.SINGLE, smoke.SAVE):
+            if self.slots[kind] is None:
+                self.rows[kind].line = unplaceable[kind]
+                continue
+            state, line = self.availability(kind)
+            if state == BUSY:
+                self.rows[kind].line = line
+            else:
+                todo.append(kind)
+        if smoke.SAVE not in todo:
+            self.rows[smoke.RESTORE].line = self.rows[smoke.SAVE].line or "not run: no checkpoint"
         active: list[Running] = []
-        if self.allreduce_slots is None:
-            self.rows[
-                smoke.ALLREDUCE
-            ].line = "not run: fewer than two enabled agents of one size on two nodes"
-        else:
-            started = self.submit(smoke.ALLREDUCE, slots=self.allreduce_slots)
-            active += [started] if started else []
-        save = self.submit(smoke.SAVE)
-        active += [save] if save else []
-        if save is None:
-            self.rows[smoke.RESTORE].line = "not run: no checkpoint from the save trial"
-        while active:
+        for kind in (smoke.ALLREDUCE, smoke.SAVE):
+            if kind in todo:
+                running = self.submit(kind)
+                if running:
+                    active.append(running)
+                elif kind == smoke.SAVE:
+                    self.rows[smoke.RESTORE].line = "not run: no checkpoint from the save trial"
+        # The single-agent row once the two-agent one is over (both want whole agents) and
+        # this run's own trials have left it an agent.
+        waiting = smoke.SINGLE in todo
+        release_deadline: float | None = None
+        while active or waiting:
+            if waiting and not any(r.kind == smoke.ALLREDUCE for r in active):
+                state, line = self.availability(smoke.SINGLE)
+                if state == FREE:
+                    waiting = False
+                    single = self.submit(smoke.SINGLE)
+                    active += [single] if single else []
+                elif state == BUSY:
+                    waiting = False
+                    self.rows[smoke.SINGLE].line = line
+                elif not active:  # OURS with nothing of ours running: the master is releasing
+                    release_deadline = release_deadline or time.monotonic() + KILL_WAIT
+                    if time.monotonic() > release_deadline:
+                        waiting = False
+                        self.rows[
+                            smoke.SINGLE
+                        ].line = (
+                            f"not run: this run's own ended trials still held the slots after {KILL_WAIT}s"
+                        )
             time.sleep(POLL)
             for running in list(active):
                 state = self.api.state(running.experiment)
@@ -325,7 +692,7 @@ class Smoke:
                 self.judge(running, state)
                 if running.kind == smoke.SAVE:
                     if self.rows[smoke.SAVE].status == OK and self.saved_uuid:
-                        restore = self.submit(smoke.RESTORE, restore_uuid=self.saved_uuid)
+                        restore = self.start(smoke.RESTORE, restore_uuid=self.saved_uuid)
                         active += [restore] if restore else []
                     else:
                         self.rows[smoke.RESTORE].line = "not run: no checkpoint from the save trial"
@@ -341,26 +708,6 @@ class Smoke:
             self.cleanup_notes.append(self.remove_prefix(smoke.smoke_prefix(self.target, self.run_id)))
         except Exception as e:  # the storage may be what is broken: say so, never raise here
             self.cleanup_notes.append(f"checkpoint objects not removed: {type(e).__name__}: {e}")
-
-
-# --- where the two-agent trial can run ----------------------------------------------------
-
-
-def allreduce_slots(agents: list[dict], node_of) -> int | None:
-    """slots_per_trial for a trial on two whole agents of one size on two different nodes:
-    Determined fits a multi-agent trial onto agents of one size, each contributing all its slots
-    (master/internal/rm/agentrm/fitting.go). The smallest such size; None when there is none.
-    `node_of(agent id)` names the agent's node (None: unknown agent)."""
-    nodes_by_size: dict[int, set[str]] = {}
-    for agent in agents:
-        node = node_of(str(agent.get("id")))
-        slots = agent.get("slots")
-        size = slots if isinstance(slots, int) else len(slots or ())
-        if node is None or size < 1 or not agent.get("enabled", True):
-            continue
-        nodes_by_size.setdefault(size, set()).add(node)
-    sizes = [size for size, nodes in sorted(nodes_by_size.items()) if len(nodes) >= 2]
-    return 2 * sizes[0] if sizes else None
 
 
 _AGENT = re.compile(r"(?P<node>.+?)(-[0-9]+)?")

@@ -1,8 +1,9 @@
-"""The smoke experiment: the cluster trains (three rows of the cluster column).
+"""The smoke experiment: the cluster trains (four rows of the cluster column).
 
-Verify submits three small experiments to the master through its REST API
+Verify submits four small experiments to the master through its REST API
 (tests/verify/smoke_client.py; configurations and trial from deploy/experiment/smoke.py, built
-from `python -m deploy.experiment new`'s template for this cluster):
+from `python -m deploy.experiment new`'s template for this cluster, without its image: the
+trials run the image master.yaml's task_container_defaults gives them):
 
 - test_smoke_trial_saves_a_checkpoint: a one-slot trial writes a checkpoint to MinIO with boto3
   set up as Determined's S3StorageManager sets it up (endpoint and keys from the checkpoint
@@ -13,13 +14,20 @@ from `python -m deploy.experiment new`'s template for this cluster):
   would send the operator after a second problem that may not exist;
 - test_smoke_two_agent_allreduce: a trial on two agents of two nodes: rank 0 runs mpirun over
   ssh (port 12350) into the other container and the ranks allreduce with Open MPI (mpi4py) over
-  the inter-node interface (Gloo where the image has no mpi4py).
+  the inter-node interface (Gloo where the image has no mpi4py);
+- test_smoke_single_agent_allreduce: a trial with all the slots of the largest agent: one
+  container on Docker's bridge network, a rank per slot, an allreduce inside it; a socket
+  interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME names that the container lacks fails it with
+  NCCL's or Gloo's own error.
 
-The save and the allreduce experiments run at once, the restore after the save. Whatever
+Before submitting, verify reads the agents' slots: a row whose slots other users' work holds is
+skipped, "not run: busy", naming the experiments that hold them (nothing is submitted for it);
+a trial that was scheduled and then hangs is red. The save and the two-agent allreduce run at
+once, the restore after the save, the single-agent allreduce after the two-agent one. Whatever
 happens, the experiments are ended and archived and the checkpoint objects under
 verify-smoke/<run id> removed (with the deploy's MinIO keys, as test_storage.py does).
 
-`python -m tests.verify --no-smoke` skips the three rows without contacting the master: for a
+`python -m tests.verify --no-smoke` skips the four rows without contacting the master: for a
 production cluster that must not run jobs.
 """
 
@@ -38,7 +46,7 @@ from deploy.experiment import smoke
 from deploy.experiment.target import load
 from tests.verify.master_api import _master_url, admin_token
 from tests.verify.matrix import P_HINT, P_SEEN
-from tests.verify.smoke_client import FAIL, SKIP, Api, Smoke, allreduce_slots, node_of_agent
+from tests.verify.smoke_client import FAIL, SKIP, Api, Smoke, node_of_agent
 
 NO_SMOKE = "--no-smoke"
 
@@ -79,15 +87,17 @@ def remover(cluster):
 
 @pytest.fixture(scope="session")
 def smoke_run(request, pytestconfig, cluster):
-    """The three rows, run once (all three checks are in one xdist group: conftest.py)."""
+    """The four rows, run once (all four checks are in one xdist group: conftest.py)."""
     if pytestconfig.getoption(NO_SMOKE):
         pytest.skip(f"{NO_SMOKE}: no smoke experiment submitted (a cluster that must not run jobs)")
-    agents = request.getfixturevalue("registered_agents")  # every answering agent registered
+    # Every answering agent registered first: the rows' sizes come from the agents the runner
+    # reads next, with their slots' holders.
+    request.getfixturevalue("registered_agents")
     target = load(pytestconfig.getoption("--cluster"))
     run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     api = Api(_master_url(cluster), admin_token(cluster))
-    slots = allreduce_slots(list(agents.values()), node_of_agent({n.hostname for n in cluster.agents}))
-    runner = Smoke(api, target, run_id, slots, remover(cluster))
+    node_of = node_of_agent({n.hostname for n in cluster.agents})
+    runner = Smoke(api, target, run_id, remover(cluster), node_of)
     rows = runner.run()
     return runner, rows
 
@@ -95,12 +105,13 @@ def smoke_run(request, pytestconfig, cluster):
 def _verdict(kind: str, smoke_run, record_property) -> None:
     runner, rows = smoke_run
     row = rows[kind]
-    shown = f"{row.status} in {row.seconds:.1f}s" if row.status != SKIP else "not run"
+    skipped = "not run: busy" if "busy" in row.line else "not run"
+    shown = f"{row.status} in {row.seconds:.1f}s" if row.status != SKIP else skipped
     record_property(P_SEEN, json.dumps({"what": "smoke", "node": smoke.ROWS[kind], "value": shown}))
-    if kind == smoke.ALLREDUCE:  # the last row: what the cleanup did, once
+    if kind == smoke.SINGLE:  # the last row: what the cleanup did, once
         note = "; ".join(runner.cleanup_notes) or "nothing to clean"
         record_property(P_SEEN, json.dumps({"what": "smoke cleanup", "node": runner.run_id, "value": note}))
-    if row.status == SKIP:
+    if row.status == SKIP:  # busy, or nothing to run it on: a reason, not a failure
         pytest.skip(row.line or "not run")
     if row.status == FAIL:
         hint = row.hint
@@ -120,3 +131,7 @@ def test_smoke_trial_restores_it(smoke_run, record_property):
 
 def test_smoke_two_agent_allreduce(smoke_run, record_property):
     _verdict(smoke.ALLREDUCE, smoke_run, record_property)
+
+
+def test_smoke_single_agent_allreduce(smoke_run, record_property):
+    _verdict(smoke.SINGLE, smoke_run, record_property)

@@ -3,7 +3,8 @@
 """Verify's smoke trial (deploy/experiment/smoke.py submits it; hparam `smoke` picks the part).
 
 Prints `SMOKE-OK <row>: ...` (in a two-container trial rank 0 does; the others print SMOKE-PART)
-or exactly one `SMOKE-FAIL <row>: <what>` line. The S3 keys reach
+or exactly one `SMOKE-FAIL <row>: <what>` line. Parts: save, restore, allreduce (two agents,
+mpirun over ssh), single (every slot of one agent, the ranks in one container). The S3 keys reach
 this process in DET_EXPERIMENT_CONFIG and go to boto3 only: never printed.
 """
 
@@ -203,8 +204,12 @@ def mpi_rank():
     comm = MPI.COMM_WORLD
     total = comm.allreduce(comm.rank + 1, op=MPI.SUM)
     expected = comm.size * (comm.size + 1) // 2
-    with open(RESULT, "w") as f:
+    # Atomically: in the single-agent row every rank shares this container's /tmp, and the
+    # two-agent worker waits for the file to appear.
+    part = f"{RESULT}.{comm.rank}"
+    with open(part, "w") as f:
         json.dump({"rank": comm.rank, "size": comm.size, "sum": total, "expected": expected}, f)
+    os.replace(part, RESULT)
     say(f"SMOKE-RANK {comm.rank}/{comm.size} on {socket.gethostname()}: sum {total} (expected {expected})")
 
 
@@ -402,8 +407,267 @@ def allreduce():
         worker(rank)
 
 
+# --- one agent: a rank per slot, the collective inside one node --------------------------
+
+SINGLE_ROW = "single-agent-allreduce"
+# The variables that name the collective's socket interface, and what each library answers when
+# none of the container's interfaces fits: NCCL's bootstrap.cc bootstrapNetInit (WARN, then
+# ncclInvalidUsage: ncclCommInitRank fails) and Gloo's gloo/transport/tcp/device.cc
+# lookupAddrForIface (GLOO_ENFORCE: torch's init_process_group raises). Neither falls back to
+# another interface, so a trial given an interface its container lacks fails at its first
+# collective: the row reproduces that instead of trying whatever interface is there.
+SOCKET_IFNAMES = (
+    ("NCCL_SOCKET_IFNAME", "NCCL", "NCCL WARN Bootstrap : no socket interface found"),
+    ("GLOO_SOCKET_IFNAME", "Gloo", "Unable to find address for: {name}"),
+)
+SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's IPv4 address
+
+
+def addressed_interfaces():
+    """The container's interfaces that have an address NCCL and Gloo would take (getifaddrs'
+    AF_INET entries, AF_INET6 other than ::1): {name: running}. Read without getifaddrs, which
+    Python does not wrap: SIOCGIFADDR for IPv4, /proc/net/if_inet6 for IPv6."""
+    import fcntl
+    import struct
+
+    out = {}
+    ipv6 = set()
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[0] != "0" * 31 + "1":
+                    ipv6.add(fields[5])
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                has_v4 = True
+            except OSError:  # EADDRNOTAVAIL: no IPv4 address
+                has_v4 = False
+            if has_v4 or name in ipv6:
+                out[name] = operstate(name) in ("up", "unknown")
+    return out
+
+
+def operstate(name):
+    try:
+        with open(f"/sys/class/net/{name}/operstate") as f:
+            return f.read().strip()
+    except OSError:
+        return "missing"
+
+
+def nccl_matches(value, interfaces):
+    """The interfaces NCCL_SOCKET_IFNAME selects (src/misc/socket.cc findInterfaces and
+    matchIfList): a comma-separated list of name prefixes, `=` in front for exact names, `^`
+    in front to exclude the list instead; ':port' after a name is ignored; only running
+    interfaces with an address count."""
+    exclude = value.startswith("^")
+    value = value[1:] if exclude else value
+    exact = value.startswith("=")
+    value = value[1:] if exact else value
+    wanted = [w.split(":")[0] for w in value.split(",") if w.split(":")[0]]
+
+    def listed(name):
+        return any(name == w if exact else name.startswith(w) for w in wanted)
+
+    return [n for n, running in sorted(interfaces.items()) if running and listed(n) != exclude]
+
+
+def gloo_missing(value, interfaces):
+    """GLOO_SOCKET_IFNAME: torch's ProcessGroupGloo makes one device per comma-separated name,
+    each an exact interface with an address; the first that has none fails."""
+    return [n for n in value.split(",") if n and n not in interfaces]
+
+
+def socket_interface_error(env, interfaces):
+    """The collective's own error when the env names a socket interface the container lacks,
+    with the variable and what the container has; None when every named one is there."""
+    have = ", ".join(sorted(interfaces)) or "none"
+    for var, library, text in SOCKET_IFNAMES:
+        value = env.get(var)
+        if not value:
+            continue
+        if var == "NCCL_SOCKET_IFNAME":
+            if nccl_matches(value, interfaces):
+                continue
+            error = text
+        else:
+            missing = gloo_missing(value, interfaces)
+            if not missing:
+                continue
+            error = text.format(name=missing[0])
+        return f"{library}: {error} ({var}={value}; this container has {have})"
+    return None
+
+
+def single_interfaces(env, interfaces):
+    """The interfaces the collective is told to use, for MPI's btl_tcp_if_include: NCCL's
+    selection (else Gloo's names); None: none named, the library picks."""
+    if env.get("NCCL_SOCKET_IFNAME"):
+        return nccl_matches(env["NCCL_SOCKET_IFNAME"], interfaces)
+    if env.get("GLOO_SOCKET_IFNAME"):
+        return [n for n in env["GLOO_SOCKET_IFNAME"].split(",") if n]
+    return None
+
+
+def single_agent():
+    """Every slot of one agent a rank in one container (Determined runs a trial that fits on
+    one agent on Docker's bridge network: eth0 and lo only), the ranks allreduce inside it.
+    DET_INTER_NODE_NETWORK_INTERFACE is not read: the harness's launchers use it between nodes
+    only; inside one container NCCL and Gloo go by their own variables."""
+    row = SINGLE_ROW
+    try:
+        info = read_json(RENDEZVOUS)
+    except (OSError, ValueError) as e:
+        fail(row, f"no rendezvous information at {RENDEZVOUS}: {e}")
+    counts = info.get("container_slot_counts") or []
+    if len(info.get("container_addrs") or []) != 1:
+        fail(
+            row,
+            f"the trial got {len(info.get('container_addrs') or [])} containers: it did not fit on one agent",
+        )
+    ranks = int(counts[0]) if counts else 0
+    if ranks < 2:
+        fail(row, f"the trial's container got {ranks} slot(s): no collective between ranks to try")
+    interfaces = addressed_interfaces()
+    error = socket_interface_error(os.environ, interfaces)
+    if error:
+        fail(row, f"{error} on {socket.gethostname()}")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return single_gloo(ranks)
+    single_mpi(ranks, single_interfaces(os.environ, interfaces))
+
+
+def single_mpi(ranks, ifnames):
+    row = SINGLE_ROW
+    mpirun = shutil.which("mpirun") or shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        fail(row, "mpirun is not in the image (openmpi-bin)")
+    # One rank per slot; --oversubscribe: the container may have fewer cores than slots.
+    command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "--bind-to", "none"]
+    # TCP between the ranks, as the two-agent row (no shared-memory single-copy in a container
+    # without CAP_SYS_PTRACE), on the interfaces the collective was told to use.
+    command += [
+        "-wdir",
+        "/tmp",
+        "-mca",
+        "pml",
+        "ob1",
+        "-mca",
+        "btl",
+        "self,tcp",
+        "-mca",
+        "mtl",
+        "^psm,psm2,ofi",
+    ]
+    if ifnames:
+        joined = ",".join(ifnames)
+        command += ["-mca", "btl_tcp_if_include", joined, "-mca", "oob_tcp_if_include", joined]
+    command += [
+        "-x",
+        "SMOKE_MPI_RANK=1",
+        "-x",
+        "PYTHONUNBUFFERED=1",
+        sys.executable,
+        os.path.abspath(__file__),
+    ]
+    over = ",".join(ifnames) if ifnames else "the interfaces Open MPI picks"
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=MPI_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as e:
+        output = "".join(
+            x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
+        )
+        print(output, flush=True)
+        fail(
+            row,
+            f"AllReduce timeout: {ranks} ranks over {over} did not finish in {MPI_TIMEOUT}s "
+            f"({mpi_error(output)})",
+        )
+    print(run.stdout + run.stderr, flush=True)
+    if run.returncode != 0:
+        fail(
+            row,
+            f"mpirun of {ranks} ranks over {over} exited {run.returncode}: "
+            f"{mpi_error(run.stdout + run.stderr)}",
+        )
+    result = read_json(RESULT)
+    if result["sum"] != result["expected"] or result["size"] != ranks:
+        fail(row, f"allreduce of {result['size']} ranks gave {result['sum']}, expected {result['expected']}")
+    say(
+        f"SMOKE-OK {row}: {ranks} ranks on {socket.gethostname()} over {over} with Open MPI "
+        f"(mpi4py): sum {result['sum']}"
+    )
+
+
+def _gloo_rank(rank, ranks, port, results):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=ranks,
+            timeout=datetime.timedelta(seconds=MPI_TIMEOUT),
+        )
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        results.put((rank, int(t.item()), None))
+    except Exception as e:
+        results.put((rank, None, f"{type(e).__name__}: {e}"))
+
+
+def single_gloo(ranks):
+    """No mpi4py (a production image): torch.distributed's Gloo, one process per slot. Gloo
+    reads GLOO_SOCKET_IFNAME itself (socket_interface_error has checked it already)."""
+    row = SINGLE_ROW
+    try:
+        import multiprocessing
+
+        import torch  # noqa: F401
+    except ImportError:
+        fail(row, "neither mpi4py nor torch in the image: no collective library to try")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, ranks, port, results)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    got = []
+    try:
+        for _ in procs:
+            got.append(results.get(timeout=MPI_TIMEOUT + 10))
+    except Exception:
+        fail(row, f"AllReduce timeout: {ranks} Gloo ranks did not finish in {MPI_TIMEOUT}s")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    errors = sorted(e for _, _, e in got if e)
+    if errors:
+        fail(row, f"Gloo: {errors[0]}")
+    expected = ranks * (ranks + 1) // 2
+    if any(total != expected for _, total, _ in got):
+        fail(row, f"Gloo allreduce of {ranks} ranks did not give {expected}")
+    say(f"SMOKE-OK {row}: {ranks} ranks on {socket.gethostname()} with Gloo: sum {expected}")
+
+
 if __name__ == "__main__":
     if os.environ.get("SMOKE_MPI_RANK"):
         mpi_rank()
     else:
-        {"save": save, "restore": restore, "allreduce": allreduce}[hparams()["smoke"]]()
+        parts = {"save": save, "restore": restore, "allreduce": allreduce, "single": single_agent}
+        parts[hparams()["smoke"]]()

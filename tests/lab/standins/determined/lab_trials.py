@@ -45,7 +45,8 @@ Reproduced:
   and DET_MASTER_CERT_FILE naming it (cluster.json's master_cert_file too), and the agent adds
   DET_MASTER=https://... and DET_MASTER_CERT_NAME; GET /api/v1/tasks/{id}/context_directory
   (GetTaskContextDirectory), the first request of the harness's prep step.
-- GET /api/v1/experiments/{id}, /experiments/{id}/trials, /trials/{id},
+- GET /api/v1/tasks (the running allocations, by allocation id, with their containers),
+  GET /api/v1/experiments/{id}, /experiments/{id}/trials, /trials/{id},
   /trials/{id}/logs (newline-delimited {"result": ...} as grpc-gateway streams; follow=true
   streams until the trial ends), POST /experiments/{id}/kill and /archive, DELETE
   /experiments/{id} (terminal experiments only).
@@ -675,6 +676,49 @@ class Trials:
                             ],
                             "permissionDenied": False,
                         }
+        return out
+
+    def allocation_summaries(self) -> dict:
+        """GET /api/v1/tasks (api_tasks.go GetTasks): {allocation id: AllocationSummary} of the
+        allocations holding containers, the trial's named "Trial <t> (Experiment <e>)" as
+        trial.go maybeAllocateTask names it; each container a ResourcesSummary whose
+        containerId is the slot's container id (what `det slot list` joins them by:
+        harness/determined/cli/agent.py list_slots)."""
+        out = {}
+        with self.lock:
+            for trial in self.trials.values():
+                live = {cid: c for cid, c in trial["containers"].items() if c["state"] != "TERMINATED"}
+                if not live:
+                    continue
+                exp = self.experiments[trial["exp"]]
+                resources = [
+                    {
+                        "resourcesId": cid,
+                        "resourcesType": "docker-container",
+                        "allocationId": trial["allocation_id"],
+                        "agentDevices": {
+                            c["agent"]: {
+                                "devices": [{"id": d["id"], "uuid": d.get("uuid", "")} for d in c["devices"]]
+                            }
+                        },
+                        "containerId": cid,
+                        "started": None,
+                        "exited": None,
+                    }
+                    for cid, c in live.items()
+                ]
+                out[trial["allocation_id"]] = {
+                    "taskId": trial["task_id"],
+                    "allocationId": trial["allocation_id"],
+                    "name": f"Trial {trial['id']} (Experiment {exp['id']})",
+                    "registeredTime": timestamp(trial["start"]),
+                    "resourcePool": exp["config"]["resources"]["resource_pool"],
+                    "slotsNeeded": exp["config"]["resources"]["slots_per_trial"],
+                    "resources": resources,
+                    "schedulerType": "SCHEDULER_TYPE_PRIORITY",
+                    "priority": exp["config"]["resources"].get("priority"),
+                    "proxyPorts": [],
+                }
         return out
 
     def add_log(self, trial: dict, message: str, **fields) -> None:
@@ -1313,6 +1357,10 @@ class Trials:
             if not known:
                 raise ApiError(5, f"task not found: {m[1]}")
             h.reply(200, {"b64Tgz": ""})
+            return True
+        if path == "/api/v1/tasks" and method == "GET":
+            h.require_user()
+            h.reply(200, {"allocationIdToSummary": self.allocation_summaries()})
             return True
         if path == "/api/v1/experiments" and method == "POST":
             user = h.require_user()
