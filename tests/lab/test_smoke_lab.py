@@ -1,4 +1,4 @@
-"""verify's smoke experiment on the lab: its three rows green, then each breakage turns exactly
+"""verify's smoke experiment on the lab: its four rows green, then each breakage turns exactly
 its row red with the hint that fits it, and is repaired before the next (try/finally).
 
 1. MinIO's site region changed on the storage node only: the save row says
@@ -29,10 +29,11 @@ from tests.verify.master_api import _http, _master_url, admin_token
 
 from .conftest import run_verify
 
-SAVE, RESTORE, ALLREDUCE = (
+SAVE, RESTORE, ALLREDUCE, SINGLE = (
     "test_smoke_trial_saves_a_checkpoint",
     "test_smoke_trial_restores_it",
     "test_smoke_two_agent_allreduce",
+    "test_smoke_single_agent_allreduce",
 )
 MASTER_YAML = "/etc/determined/master.yaml"
 MINIO_ENV = "/etc/default/minio"
@@ -66,7 +67,7 @@ def leftovers(lab) -> list[str]:
 
 def test_smoke_rows_green(deployed, lab, tmp_path):
     rows, matrix, out, seconds = run_smoke(tmp_path, "green")
-    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok"}, out[-4000:]
+    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok", SINGLE: "ok"}, out[-4000:]
     assert "--> smoke: allreduce ok in" in out and "archived" in out, out[-2000:]
     assert leftovers(lab) == []
     print(f"smoke on the lab: {seconds:.1f}s for `verify -k test_smoke` (rows: {out.count(' ok in ')} ok)")
@@ -82,7 +83,7 @@ def test_region_changed_on_minio_only(deployed, lab, lab_ssh, tmp_path):
             "&& systemctl restart minio",
         )
         rows, matrix, out, _ = run_smoke(tmp_path, "region")
-        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok"}, out[-4000:]
+        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok", SINGLE: "ok"}, out[-4000:]
         assert "AuthorizationHeaderMalformed" in out and f"expecting '{OTHER_REGION}'" in out, out[-4000:]
         assert sc.REGION.symptom[:60] in matrix.replace("\\|", "|"), matrix
         assert "not run: no checkpoint from the save trial" in out
@@ -136,7 +137,8 @@ def test_ib0_down_on_one_agent(deployed, lab, lab_ssh, tmp_path):
             _set_enabled(lab, agent_id, False)
         lab_ssh(broken, f"ip link set {iface} down")
         rows, matrix, out, _ = run_smoke(tmp_path, "ib0")
-        assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "fail"}, out[-4000:]
+        # The single-agent row runs on Docker's bridge network inside one node: no IPoIB.
+        assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "fail", SINGLE: "ok"}, out[-4000:]
         assert re.search(rf"AllReduce would time out: container \d on {broken}: {iface} down", out), out[
             -4000:
         ]
@@ -161,7 +163,7 @@ def test_wrong_secret_key_in_master_yaml(deployed, lab, lab_ssh, deploy, tmp_pat
             "&& systemctl restart determined-master",
         )
         rows, matrix, out, _ = run_smoke(tmp_path, "secret")
-        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok"}, out[-4000:]
+        assert rows == {SAVE: "fail", RESTORE: "skip", ALLREDUCE: "ok", SINGLE: "ok"}, out[-4000:]
         assert "S3 SignatureDoesNotMatch" in out, out[-4000:]
         assert sc.KEYS.symptom[:60] in matrix.replace("\\|", "|"), matrix
         assert "not-the-minio-secret-0" not in out + matrix  # a key never reaches the output
@@ -172,7 +174,37 @@ def test_wrong_secret_key_in_master_yaml(deployed, lab, lab_ssh, deploy, tmp_pat
         lab_ssh(master, f"rm -f {backup}")
     assert repaired.returncode == 0, repaired.stderr[-3000:]
     rows, _, out, _ = run_smoke(tmp_path, "repaired")
-    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok"}, out[-4000:]
+    assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok", SINGLE: "ok"}, out[-4000:]
+    assert leftovers(lab) == []
+
+
+def test_ipoib_named_for_every_trial_fails_the_single_agent_row(deployed, lab, lab_ssh, deploy, tmp_path):
+    """What master.yaml gave every trial before: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME naming
+    the IPoIB port. A trial that fits on one agent runs on Docker's bridge network, where that
+    port does not exist, and NCCL's bootstrap fails to find it; the two-agent trial (host
+    network) still runs."""
+    master = lab.master_node.hostname
+    iface = lab.network.ipoib.interface
+    backup = f"{MASTER_YAML}.smoke-test"
+    lab_ssh(master, f"cp -p {MASTER_YAML} {backup}")
+    repaired = None
+    try:
+        # Right after AWS_DEFAULT_REGION, task_container_defaults' first variable.
+        added = f'\\    - "NCCL_SOCKET_IFNAME={iface}"\\n    - "GLOO_SOCKET_IFNAME={iface}"'
+        lab_ssh(
+            master,
+            f"sed -i '/^    - \"AWS_DEFAULT_REGION=/a{added}' {MASTER_YAML} "
+            f"&& grep -q GLOO_SOCKET_IFNAME {MASTER_YAML} && systemctl restart determined-master",
+        )
+        rows, matrix, out, _ = run_smoke(tmp_path, "ifname")
+        assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok", SINGLE: "fail"}, out[-4000:]
+        assert "Bootstrap : no socket interface found" in out, out[-4000:]
+    finally:
+        repaired = deploy()
+        if repaired.returncode != 0:
+            lab_ssh(master, f"cp -p {backup} {MASTER_YAML} && systemctl restart determined-master")
+        lab_ssh(master, f"rm -f {backup}")
+    assert repaired.returncode == 0, repaired.stderr[-3000:]
     assert leftovers(lab) == []
 
 
