@@ -33,17 +33,43 @@ CUDA_KEYRING_FILE = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 # Debian revisions NVIDIA's repo uses for the driver: the meta package vs. what it pulls in.
 DRIVER_META_REVISION = "1"
 DRIVER_PACKAGE_REVISION = "0ubuntu1"
-# The packages cuda-drivers-<branch> brings in that carry the driver's own version.
+# Every package of the driver's dependency graph that carries the driver's own version: what
+# cuda-drivers-<branch> pulls in, nvidia-driver-<branch>'s Depends with it (Ubuntu's
+# nvidia-graphics-drivers-<branch> debian/templates/control.in, which NVIDIA builds its repo's
+# driver packages from; docs/lab.md, "Stand-ins"). Each is pinned and held, none left to apt:
+# nvidia-driver-515 Depends on exact versions (`= 515.65.01-0ubuntu1`, or a range only that
+# build falls in) of packages NVIDIA's repo also has in newer builds of the same branch
+# (515.86.01, 515.105.01). apt only ever considers a package's candidate, so one sub-package
+# left unpinned is a candidate the driver cannot take: "Depends: libnvidia-gl-515 (=
+# 515.65.01-0ubuntu1) but 515.105.01-0ubuntu1 is to be installed ... you have held broken
+# packages". Named in full rather than by an apt preferences pattern (`Package: *-515`): the
+# holds need the names anyway, and a pattern would also catch the fabric manager
+# (nvidia-fabricmanager-515, pinned at <version>-1 in its own file) and miss nvidia-modprobe.
+# tests/unit/test_driver_graph.py checks this list against the stand-in repo's graph.
 DRIVER_SUBPACKAGES = (
     "nvidia-driver-{branch}",
     "nvidia-dkms-{branch}",
+    "nvidia-kernel-common-{branch}",
+    "nvidia-kernel-source-{branch}",
     "libnvidia-compute-{branch}",
     # nvidia-persistenced and its unit (roles/gpu_services.py turns persistence mode on).
     "nvidia-compute-utils-{branch}",
     "nvidia-utils-{branch}",
-    "nvidia-kernel-source-{branch}",
+    "libnvidia-gl-{branch}",
+    # Architecture: all (libnvidia-common-515_515.65.01-0ubuntu1_all.deb); libnvidia-gl's one
+    # unversioned dependency, pinned so it is not 515.105.01's files beside 515.65.01's.
+    "libnvidia-common-{branch}",
+    "libnvidia-extra-{branch}",
+    "libnvidia-decode-{branch}",
+    "libnvidia-encode-{branch}",
+    "libnvidia-fbc1-{branch}",
+    "libnvidia-cfg1-{branch}",
+    "xserver-xorg-video-nvidia-{branch}",
     "nvidia-modprobe",
 )
+# nvidia-driver-<branch> also Recommends nvidia-settings (unversioned: apt would take the
+# repo's newest, another branch's) and nvidia-prime, X11 desktop tools a GPU server does not
+# use. The driver is installed without Recommends (PinSet.recommends) rather than pinning them.
 
 CUDA_PACKAGE_REVISION = "1"
 NCCL_PACKAGE_REVISION = "1"
@@ -66,11 +92,14 @@ class PinSet:
 
     name: a short file-system-safe name (the apt preferences file is named after it).
     packages: (package, version) in install order.
+    recommends: install the packages' Recommends too (apt's default). Off where a Recommends
+        would be a package outside the pin, at a version of apt's choosing.
     """
 
     name: str
     packages: tuple[tuple[str, str], ...]
     origin: str = NVIDIA_REPO_ORIGIN
+    recommends: bool = True
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.packages)
@@ -99,7 +128,7 @@ def driver_pins(version: str) -> PinSet:
     subs = tuple(
         (name.format(branch=branch), f"{version}-{DRIVER_PACKAGE_REVISION}") for name in DRIVER_SUBPACKAGES
     )
-    return PinSet(name="nvidia-driver", packages=(meta,) + subs)
+    return PinSet(name="nvidia-driver", packages=(meta,) + subs, recommends=False)
 
 
 def cuda_major_minor(version: str) -> str:
@@ -167,10 +196,38 @@ def fabricmanager_pins(driver_version: str) -> PinSet:
     )
 
 
+# The NVIDIA Container Toolkit at one exact build, held. Why held: NVIDIA's notice on
+# containers losing their GPUs (NVIDIA/nvidia-docker#1730, which the toolkit's install guide
+# points to) is that with Docker's systemd cgroup driver a `systemctl daemon-reload` detaches
+# GPUs from running containers ("Failed to initialize NVML: Unknown Error" until the container
+# is recreated), and upgrading the toolkit's packages runs daemon-reload. Held, it changes only
+# when a deploy moves the pin, never by an unattended upgrade under running trials. A constant
+# rather than a cluster.yaml key: no site needs another build, and a change is a code change
+# the lab's stand-in (tests/lab/standins/nvidia/build.py, TOOLKIT_DEB_VERSION) must follow.
+CONTAINER_TOOLKIT_VERSION = "1.13.5-1"
+# nvidia-container-toolkit Depends on the other three (NVIDIA's packaging): libnvidia-container
+# (>= its version) would otherwise move alone to the repo's newest.
+CONTAINER_TOOLKIT_PACKAGES = (
+    "libnvidia-container1",
+    "libnvidia-container-tools",
+    "nvidia-container-toolkit-base",
+    "nvidia-container-toolkit",
+)
+
+
+def container_toolkit_pins() -> PinSet:
+    """nvidia-container-toolkit and the libnvidia-container packages under it, one build."""
+    return PinSet(
+        name="nvidia-container-toolkit",
+        packages=tuple((p, CONTAINER_TOOLKIT_VERSION) for p in CONTAINER_TOOLKIT_PACKAGES),
+    )
+
+
 def all_pins(versions) -> tuple[PinSet, ...]:
     """Every PinSet of a node with GPUs, from the model's `versions`."""
     return (
         driver_pins(versions.nvidia_driver),
         cuda_pins(versions.cuda),
         nccl_pins(versions.nccl, versions.cuda),
+        container_toolkit_pins(),
     )

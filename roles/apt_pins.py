@@ -1,6 +1,7 @@
 """NVIDIA's CUDA apt repository, and packages held at exact versions from it.
 
-Shared by roles/nvidia_driver.py, roles/cuda.py and roles/nccl.py:
+Shared by roles/nvidia_driver.py, roles/gpu_services.py, roles/cuda.py, roles/nccl.py and
+roles/docker.py:
 
 - `cuda_repo(cluster)` trusts the repo through NVIDIA's cuda-keyring package (downloaded from
   the configured repo folder, installed only if its sha256 is the folder's pin in
@@ -10,7 +11,8 @@ Shared by roles/nvidia_driver.py, roles/cuda.py and roles/nccl.py:
 - `pinned(pinset, repo)` checks the repo offers every pinned version (else stops the host
   naming what is missing), writes the apt preferences (files/apt_pins/preferences.j2: the
   pinned version at 1001, other NVIDIA builds at 100, anything else never), installs every
-  package at its exact version (moving held packages too), and holds them.
+  package at its exact version (moving held packages too; without Recommends where the pin set
+  says so), and holds them.
 
 The operations decide from facts read when they run, so a second deploy changes nothing.
 """
@@ -194,10 +196,13 @@ def pinned(pinset: PinSet, repo: Repo, before_install: Callable[[], object] | No
     first, *rest = pinset.install_args()
     # apt.packages installs only the pins not yet in place, in one apt-get run; a held package
     # at another version is moved too (--allow-change-held-packages), and stays held.
+    # Without Recommends where the pin set says so (the driver's: nvidia-settings, unversioned,
+    # would come at the repo's newest build, outside the pin; deploy/pins.py).
     installed = apt.packages(
         name=f"Install {first}" + (f" and {len(rest)} more" if rest else ""),
         packages=pinset.install_args(),
         allow_downgrades=True,
+        no_recommends=not pinset.recommends,
         extra_install_args=f"{APT_LOCK_WAIT} --allow-change-held-packages",
     )
     hold(name=f"Hold {pinset.name}", packages=[p for p, _ in pinset.packages])

@@ -3,7 +3,8 @@ in Docker containers and needs Docker 20.10+ with the NVIDIA runtime).
 
 install:   the distribution's docker.io (Debian 12: 20.10.24; Ubuntu 20.04/22.04: 20.10+)
            and nvidia-container-toolkit from NVIDIA's CUDA repository (added by
-           roles/nvidia_driver, which runs earlier on the same nodes)
+           roles/nvidia_driver, which runs earlier on the same nodes), pinned at one build and
+           held (deploy/pins.py: an upgrade under running containers detaches their GPUs)
 configure: `nvidia-ctk runtime configure --runtime=docker` only when daemon.json lacks the
            nvidia runtime (the tool rewrites the file on every run, so it is not run blindly);
            then the toolkit's own settings merged into what is there (daemon_settings), the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import cast
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
@@ -22,6 +24,8 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
+from deploy.pins import container_toolkit_pins
+from roles import apt_pins
 from roles.shared_ops import fail, packages
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -104,7 +108,10 @@ def daemon_json(settings: dict):
 
 @deploy("Docker and the NVIDIA Container Toolkit")
 def apply(cluster: Cluster, node: Node) -> None:
-    packages(["docker.io", "nvidia-container-toolkit"], "Docker and the NVIDIA Container Toolkit")
+    packages(["docker.io"], "Docker")
+    # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
+    repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))
+    apt_pins.pinned(pinset=container_toolkit_pins(), repo=repo)
     runtime = nvidia_runtime(name="Docker knows the nvidia runtime (nvidia-ctk)")
     memlock = cluster.determined.memlock_bytes
     shown = "unlimited" if memlock == -1 else f"{memlock} bytes"

@@ -2,8 +2,9 @@
 
 install:   linux-headers-$(uname -r) first (roles/kernel.py: nvidia-dkms-<branch>'s DKMS build
            compiles against it and no driver package depends on it), then
-           cuda-drivers-<branch>=<version>-1 and the packages under it at their exact
-           NVIDIA versions (deploy/pins.py), preferences + apt-mark hold (roles/apt_pins.py)
+           cuda-drivers-<branch>=<version>-1 and the driver's whole package set at its exact
+           NVIDIA versions, without Recommends (deploy/pins.py), preferences + apt-mark hold
+           (roles/apt_pins.py)
 configure: nouveau blacklisted; the initramfs rebuilt when that file changed (if the node
            has update-initramfs at all)
 activate:  a reboot when the driver packages changed (reboot: auto), confirmed by a new

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 
-from deploy.pins import driver_pins
+from deploy.pins import container_toolkit_pins, driver_pins
 from roles import apt_pins, mofed
 from roles.scripts import script
 from roles.shared_ops import DPKG_LOCK_TIMEOUT
@@ -149,3 +149,21 @@ def test_reboot_is_remembered_just_before_an_install(monkeypatch):
     assert plan(one_off) == order
     at_pin = {p: {v} for p, v in pinset.as_dict().items()}
     assert plan(at_pin) == ["update_if_stale", "available", "preferences", "install", "hold"]
+
+
+def test_the_driver_installs_without_recommends_other_pin_sets_with(monkeypatch):
+    # nvidia-driver-515 Recommends nvidia-settings, unversioned: apt would take the repo's
+    # newest build (deploy/pins.py); other pin sets keep apt's default.
+    seen: dict[str, bool] = {}
+    for name in ("update_if_stale", "available", "hold"):
+        monkeypatch.setattr(apt_pins, name, lambda *a, **k: None)
+    monkeypatch.setattr(apt_pins.files, "put", lambda **k: None)
+    monkeypatch.setattr(
+        apt_pins.apt, "packages", lambda **k: seen.__setitem__(k["packages"][0], k["no_recommends"])
+    )
+    repo = apt_pins.Repo(url="http://mirror/cuda/", sources=SimpleNamespace(did_change=lambda: False))
+    fake = SimpleNamespace(get_fact=lambda cls, **kw: {DebPackages: {}}[cls], noop=print)
+    with ctx_host.use(fake):
+        for pinset in (driver_pins("515.65.01"), container_toolkit_pins()):
+            apt_pins.pinned.__wrapped__(pinset, repo)
+    assert seen == {"cuda-drivers-515=515.65.01-1": True, "libnvidia-container1=1.13.5-1": False}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.pins import driver_pins
 from tests.lab import aptrepo, mirror
 
 needs = pytest.mark.skipif(
@@ -107,7 +108,7 @@ def test_repo_has_the_pinned_and_trap_versions(built):
         "nvidia-kernel-source-515",
         "nvidia-modprobe",
     ):
-        want += [(sub, "515.65.01-0ubuntu1"), (sub, "515.48.07-0ubuntu1")]
+        want += [(sub, f"{v}-0ubuntu1") for v in ("515.48.07", "515.65.01", "515.86.01", "515.105.01")]
     missing = [w for w in want if w not in index]
     assert not missing
     deps = index[("cuda-drivers-515", "515.65.01-1")]["Depends"]
@@ -355,9 +356,11 @@ def installs(proc: subprocess.CompletedProcess) -> dict[str, str]:
 
 
 def test_apt_accepts_the_signed_repo_and_origin_pins_work(apt):
+    # The driver's whole package set (deploy/pins.py): with part of it pinned, apt takes the
+    # branch's newest build (515.105.01) for the rest, which nvidia-driver-515 cannot use.
+    driver = " ".join(p for p, _ in driver_pins("515.65.01").packages)
     apt.prefs.write_text(
-        "Package: cuda-drivers cuda-drivers-515 nvidia-driver-515 nvidia-dkms-515 "
-        "libnvidia-compute-515 nvidia-utils-515 nvidia-kernel-source-515 nvidia-modprobe\n"
+        f"Package: cuda-drivers {driver}\n"
         "Pin: version 515.65.01*\nPin-Priority: 1001\n\n"
         "Package: *\nPin: release o=NVIDIA\nPin-Priority: 600\n"
     )
@@ -372,15 +375,8 @@ def test_apt_accepts_the_signed_repo_and_origin_pins_work(apt):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = installs(proc)
-    for sub in (
-        "nvidia-driver-515",
-        "nvidia-dkms-515",
-        "libnvidia-compute-515",
-        "nvidia-utils-515",
-        "nvidia-kernel-source-515",
-        "nvidia-modprobe",
-    ):
-        assert got[sub] == "515.65.01-0ubuntu1", sub
+    for sub, version in driver_pins("515.65.01").packages[1:]:
+        assert got[sub] == version, sub
     assert got["cuda-nvcc-11-7"] == "11.7.99-1"
     assert got["libnccl2"] == "2.14.3-1+cuda11.7"
     assert "cuda-drivers" not in got  # the toolkit alone pulls no driver

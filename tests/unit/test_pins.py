@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyinfra.context import ctx_host
@@ -22,9 +23,12 @@ from pyinfra.facts.files import Sha256File
 from deploy.facts.apt import AptRepoVersions, HeldPackages, parse_madison
 from deploy.facts.fabric import OfedRelease, parse_ibstat, parse_ofed_info
 from deploy.pins import (
+    CONTAINER_TOOLKIT_VERSION,
     NVIDIA_REPO_ORIGIN,
     PinError,
     PinSet,
+    all_pins,
+    container_toolkit_pins,
     cuda_home,
     cuda_pins,
     driver_branch,
@@ -36,6 +40,7 @@ from deploy.pins import (
 )
 from roles import apt_pins, apt_pinsets, cuda, mofed, nvidia_driver
 from roles.shared_ops import fetch_verified
+from tests.lab.standins.nvidia import build as lab_nvidia
 
 
 class FakeHost:
@@ -66,15 +71,42 @@ def test_driver_pins_are_nvidias_exact_builds():
         "cuda-drivers-515=515.65.01-1",
         "nvidia-driver-515=515.65.01-0ubuntu1",
         "nvidia-dkms-515=515.65.01-0ubuntu1",
+        "nvidia-kernel-common-515=515.65.01-0ubuntu1",
+        "nvidia-kernel-source-515=515.65.01-0ubuntu1",
         "libnvidia-compute-515=515.65.01-0ubuntu1",
         "nvidia-compute-utils-515=515.65.01-0ubuntu1",
         "nvidia-utils-515=515.65.01-0ubuntu1",
-        "nvidia-kernel-source-515=515.65.01-0ubuntu1",
+        "libnvidia-gl-515=515.65.01-0ubuntu1",
+        "libnvidia-common-515=515.65.01-0ubuntu1",
+        "libnvidia-extra-515=515.65.01-0ubuntu1",
+        "libnvidia-decode-515=515.65.01-0ubuntu1",
+        "libnvidia-encode-515=515.65.01-0ubuntu1",
+        "libnvidia-fbc1-515=515.65.01-0ubuntu1",
+        "libnvidia-cfg1-515=515.65.01-0ubuntu1",
+        "xserver-xorg-video-nvidia-515=515.65.01-0ubuntu1",
         "nvidia-modprobe=515.65.01-0ubuntu1",
     ]
+    # That this is the driver's whole graph is tests/unit/test_driver_graph.py's to check.
+    assert not pins.recommends  # nvidia-settings (unversioned) would come from outside the pin
     assert pins.origin == NVIDIA_REPO_ORIGIN
     assert driver_branch("520.61.05") == "520"
     assert driver_pins("520.61.05").as_dict()["cuda-drivers-520"] == "520.61.05-1"
+
+
+def test_container_toolkit_pinned_at_one_build_with_its_libraries():
+    pins = container_toolkit_pins()
+    assert pins.install_args() == [
+        "libnvidia-container1=1.13.5-1",
+        "libnvidia-container-tools=1.13.5-1",
+        "nvidia-container-toolkit-base=1.13.5-1",
+        "nvidia-container-toolkit=1.13.5-1",
+    ]
+    assert pins.origin == NVIDIA_REPO_ORIGIN
+    # Held like the GPU stack, so verify checks it with the rest (tests/verify/test_gpu_stack.py).
+    versions = SimpleNamespace(nvidia_driver="515.65.01", cuda="11.7.1", nccl="2.14.3")
+    assert pins in all_pins(versions)
+    # The lab's stand-in serves this build (a drift here would fail the deploy's check).
+    assert CONTAINER_TOOLKIT_VERSION == lab_nvidia.TOOLKIT_DEB_VERSION
 
 
 def test_cuda_pins_toolkit_only():

@@ -279,6 +279,8 @@ def test_driver_postinst_enables_the_module_unit(cuda, tmp_path):
     (root / "var/lib/dpkg/status").write_text("")
     debs = [
         cuda / "nvidia-kernel-source-515_515.65.01-0ubuntu1_amd64.deb",
+        # nvidia-dkms-515 Depends on it (NVIDIA's control.in), as on nvidia-kernel-source-515.
+        cuda / "nvidia-kernel-common-515_515.65.01-0ubuntu1_amd64.deb",
         cuda / "nvidia-dkms-515_515.65.01-0ubuntu1_amd64.deb",
     ]
     env = {**os.environ, "SYSTEMCTL_SKIP_SYSV": "1"}

@@ -110,6 +110,8 @@ def test_nccl_library_and_version(agent, host_of, cluster):
 
 
 def test_pinned_packages_installed_and_held(agent, host_of, cluster):
+    # Every package of each set: the driver's whole graph (a graphics library left to apt moves
+    # to the branch's newest build), the Container Toolkit with its libraries.
     h = host_of(agent)
     held = set(h.check_output("apt-mark showhold").split())
     for pinset in all_pins(cluster.versions):

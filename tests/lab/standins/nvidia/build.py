@@ -4,11 +4,31 @@
 Driver branches, with NVIDIA's package structure:
   cuda-drivers (V-1) -> cuda-drivers-<B> (= V-1) -> exact (= V-0ubuntu1) versions of
   nvidia-driver-<B>, nvidia-dkms-<B>, libnvidia-compute-<B>, nvidia-utils-<B>,
-  nvidia-kernel-source-<B>, nvidia-modprobe.
-515.65.01 is the pinned target, 515.48.07 the older one for the upgrade path and 520.61.05
-the newer one an unpinned `apt-get install cuda-drivers` (or cuda-11-7) would pull in.
-Branch packages provide and conflict with a branch-less virtual name, so two branches
-cannot be installed side by side (as with NVIDIA's and Ubuntu's packages).
+  nvidia-kernel-source-<B>, nvidia-modprobe; and nvidia-driver-<B> -> the rest of the
+  branch's package set (EMPTY_DRIVER_PACKAGES, build_driver_release).
+515.65.01 is the pinned target, 515.48.07 the older one for the upgrade path, 515.86.01 and
+515.105.01 the newer builds of the same branch (apt's candidates for any package of the branch
+left unpinned), and 520.61.05 the newer branch an unpinned `apt-get install cuda-drivers` (or
+cuda-11-7) would pull in. Branch packages provide and conflict with a branch-less virtual name,
+so two branches cannot be installed side by side (as with NVIDIA's and Ubuntu's packages).
+
+Where the relations come from: NVIDIA's repo carries the driver as Ubuntu packages it builds
+from Ubuntu's nvidia-graphics-drivers-<B> source (hence the `0ubuntu1` revision). The names,
+architectures and Depends/Recommends/Provides/Conflicts below are that source's
+debian/templates/control.in, as kept in github.com/canonical/nvidia-graphics-drivers (the
+515-era template: it lists libcuda-11.7-1 and the -open packages), cross-checked with the
+rendered debian/control of nvidia-graphics-drivers-515 515.48.07 in
+github.com/pop-os/nvidia-graphics-drivers (commit dd969cd0). #DEBIAN_VERSION# is the upstream
+version (the rendered file has 515.48.07 there), ${binary:Version} the package version.
+Inferred or left out, and why:
+- ${shlibs:Depends}/${misc:Depends}/${nvidia:xorgDepends}: what the build computes from the
+  binaries (libc6, the X server's ABI ...); the stand-ins ship no binaries of NVIDIA's.
+- nvidia-dkms' `dkms`: the stand-in builds nothing, and real dkms pulls a compiler in.
+- the `:i386` Recommends of nvidia-driver-<B>: only with i386 enabled; the lab is amd64 only.
+- cuda-drivers-<B>'s own Depends (NVIDIA's packaging, not Ubuntu's): not found in a public
+  source; kept as the lab had them (exact versions of the packages it names).
+- nvidia-modprobe and nvidia-settings are sources of their own in NVIDIA's repo, versioned
+  like the driver (V-0ubuntu1).
 """
 
 from __future__ import annotations
@@ -19,9 +39,12 @@ from tests.lab.debs import Symlink
 from tests.lab.standins import compile_shared_library, render, render_from, source
 
 DRIVER_RELEASES = (
-    # (branch, driver version, CUDA version reported by nvidia-smi)
+    # (branch, driver version, CUDA version reported by nvidia-smi: the branch's, 11.7 for
+    # every 515 build, as NVIDIA's release notes list them)
     ("515", "515.48.07", "11.7"),
     ("515", "515.65.01", "11.7"),
+    ("515", "515.86.01", "11.7"),
+    ("515", "515.105.01", "11.7"),
     ("520", "520.61.05", "11.8"),
 )
 TOOLKIT_VERSION = "1.13.5"
@@ -53,6 +76,108 @@ def _exclusive(virtual: str) -> dict[str, str]:
 
 def _sh(text: str) -> bytes:
     return text.encode()
+
+
+def _conflicting(provides: str, conflicts: str | None = None) -> dict[str, str]:
+    """Provides/Conflicts/Replaces as control.in writes them when they differ (Provides lists
+    more virtual names than the package conflicts with)."""
+    conflicts = conflicts or provides
+    return {"Provides": provides, "Conflicts": conflicts, "Replaces": conflicts}
+
+
+def _within(package: str, version: str) -> list[str]:
+    """control.in's `P (<= #DEBIAN_VERSION#-1), P (>= #DEBIAN_VERSION#)`: a range that only
+    the driver's own builds of P (V-0ubuntu1, V-1) fall in; apt, like an `=`, then accepts no
+    other candidate."""
+    return [f"{package} (<= {version}-1)", f"{package} (>= {version})"]
+
+
+# The rest of a branch's package set, empty here (a README only): the graphics, video and X
+# packages nvidia-driver-<B> depends on. (name, Architecture, Depends, other control fields,
+# description) as in control.in; {B} is the branch, {exact} `(= V-0ubuntu1)`.
+EMPTY_DRIVER_PACKAGES: tuple[tuple[str, str, tuple[str, ...], dict[str, str], str], ...] = (
+    (
+        "nvidia-kernel-common-{B}",
+        "amd64",
+        (),
+        _exclusive("nvidia-kernel-common"),
+        "Shared files used with the kernel module",
+    ),
+    (
+        "libnvidia-gl-{B}",
+        "amd64",
+        ("libnvidia-common-{B}",),
+        {"Multi-Arch": "same", **_conflicting("libnvidia-gl, libglx-vendor, libegl-vendor", "libnvidia-gl")},
+        "NVIDIA OpenGL/GLX/EGL/GLES GLVND libraries and Vulkan ICD",
+    ),
+    (
+        "libnvidia-common-{B}",
+        "all",
+        (),
+        {"Multi-Arch": "foreign", **_exclusive("libnvidia-common")},
+        "Shared files used by the NVIDIA libraries",
+    ),
+    (
+        "libnvidia-extra-{B}",
+        "amd64",
+        (),
+        {"Multi-Arch": "same", **_exclusive("libnvidia-extra")},
+        "Extra libraries for the NVIDIA driver",
+    ),
+    (
+        "libnvidia-decode-{B}",
+        "amd64",
+        ("libnvidia-compute-{B} {exact}",),
+        {"Multi-Arch": "same", **_exclusive("libnvidia-decode")},
+        "NVIDIA Video Decoding runtime libraries",
+    ),
+    (
+        "libnvidia-encode-{B}",
+        "amd64",
+        (),
+        {"Multi-Arch": "same", **_exclusive("libnvidia-encode")},
+        "NVENC Video Encoding runtime library",
+    ),
+    (
+        "libnvidia-fbc1-{B}",
+        "amd64",
+        (),
+        {"Multi-Arch": "same", **_exclusive("libnvidia-fbc1")},
+        "NVIDIA OpenGL-based Framebuffer Capture runtime library",
+    ),
+    (
+        "libnvidia-cfg1-{B}",
+        "amd64",
+        (),
+        {"Multi-Arch": "same", **_exclusive("libnvidia-cfg1-any")},
+        "NVIDIA binary OpenGL/GLX configuration library",
+    ),
+    (
+        "xserver-xorg-video-nvidia-{B}",
+        "amd64",
+        ("libnvidia-cfg1-{B} {exact}",),
+        {"Section": "non-free/x11", **_exclusive("xorg-driver-binary, nvidia-driver-binary")},
+        "NVIDIA binary Xorg driver",
+    ),
+)
+
+
+def _build_empty(ctx, name: str, version: str, arch: str, depends, control, description: str) -> None:
+    ctx.build_deb(
+        ctx.cuda_pool,
+        name,
+        version,
+        {
+            f"/usr/share/doc/{name}/README.lab": (
+                f"Stand-in for {name} {version} (lab only): NVIDIA's package relations, no files of its own.\n".encode(),
+                0o644,
+            )
+        },
+        arch=arch,
+        depends=list(depends),
+        description=f"{description}{STANDIN_NOTE}",
+        extra_control={"Section": "non-free/libs", **control},
+    )
 
 
 def build_driver_release(ctx, branch: str, version: str, cuda_version: str) -> None:
@@ -118,7 +243,11 @@ exit 0
                 0o644,
             ),
         },
-        depends=[f"nvidia-kernel-source-{branch} {exact}"],
+        # control.in also has `dkms`: left out, the stand-in builds no module.
+        depends=[
+            *_within(f"nvidia-kernel-source-{branch}", version),
+            *_within(f"nvidia-kernel-common-{branch}", version),
+        ],
         description=f"NVIDIA DKMS package{STANDIN_NOTE}",
         extra_control={**_exclusive("nvidia-dkms-kernel"), "Section": "non-free/kernel"},
         scripts={"postinst": postinst, "prerm": prerm},
@@ -168,7 +297,8 @@ exit 0
                 0o755,
             ),
         },
-        depends=["python3", f"libnvidia-compute-{branch} {exact}"],
+        # python3 runs the stand-in; NVIDIA's own Depends are only what its binaries link.
+        depends=["python3"],
         description=f"NVIDIA driver support binaries{STANDIN_NOTE}",
         extra_control={**_exclusive("nvidia-utils"), "Section": "non-free/utils"},
     )
@@ -189,21 +319,51 @@ exit 0
 
     build_driver_services(ctx, branch, version)
 
+    for name, arch, depends, control, description in EMPTY_DRIVER_PACKAGES:
+        _build_empty(
+            ctx,
+            name.format(B=branch),
+            sub,
+            arch,
+            [d.format(B=branch, exact=exact) for d in depends],
+            control,
+            description,
+        )
+    # Not a package of the branch: NVIDIA's repo versions it like the driver. Empty here; the
+    # real one is a GTK program (X11), which a headless node does not install (Recommends).
+    _build_empty(
+        ctx,
+        "nvidia-settings",
+        sub,
+        "amd64",
+        [],
+        {"Section": "x11"},
+        "Tool for configuring the NVIDIA graphics driver",
+    )
+
     ctx.build_deb(
         pool,
         f"nvidia-driver-{branch}",
         sub,
         {},
+        # control.in's order; libnvidia-fbc1's [!ppc64el] holds on amd64.
         depends=[
-            f"nvidia-dkms-{branch} {exact}",
-            f"libnvidia-compute-{branch} {exact}",
-            f"nvidia-utils-{branch} {exact}",
+            f"libnvidia-gl-{branch} {exact}",
+            *_within(f"nvidia-dkms-{branch}", version),
+            *_within(f"nvidia-kernel-common-{branch}", version),
             f"nvidia-kernel-source-{branch} {exact}",
-            f"nvidia-modprobe (>= {version})",
+            f"libnvidia-compute-{branch} {exact}",
+            f"libnvidia-extra-{branch} {exact}",
             f"nvidia-compute-utils-{branch} {exact}",
+            f"libnvidia-decode-{branch} {exact}",
+            f"libnvidia-encode-{branch} {exact}",
+            f"nvidia-utils-{branch} {exact}",
+            f"xserver-xorg-video-nvidia-{branch} {exact}",
+            f"libnvidia-cfg1-{branch} {exact}",
+            f"libnvidia-fbc1-{branch} {exact}",
         ],
         description=f"NVIDIA driver metapackage{STANDIN_NOTE}",
-        extra_control={**_exclusive("nvidia-driver-binary"), "Section": "non-free/libs"},
+        extra_control={"Recommends": "nvidia-settings, nvidia-prime (>= 0.8)", "Section": "non-free/libs"},
     )
 
     ctx.build_deb(
@@ -260,7 +420,9 @@ exit 0
                 0o644,
             ),
         },
-        depends=[f"libnvidia-compute-{branch} (= {version}-0ubuntu1)"],
+        # control.in: `libnvidia-compute-<B>, adduser` (unversioned); adduser left out, the
+        # postinst below uses useradd (passwd, Priority: required).
+        depends=[f"libnvidia-compute-{branch}"],
         description=f"NVIDIA compute utilities{STANDIN_NOTE}",
         extra_control={**_exclusive("nvidia-compute-utils"), "Section": "non-free/libs"},
         scripts={"postinst": postinst},
