@@ -216,3 +216,42 @@ def _no_leftovers_before(lab):
         o.object_name for o in client.list_objects(lab.storage.bucket, prefix="verify-smoke/", recursive=True)
     ]
     list(client.remove_objects(lab.storage.bucket, [DeleteObject(n) for n in names]))
+
+
+def test_busy_cluster_smoke_rows_say_busy(deployed, lab, tmp_path):
+    """Every slot held by a user's long experiment: each smoke row is "not run: busy", naming the
+    experiments, within seconds; nothing is red, and the slots are given back afterwards."""
+    from .test_trials_lab import TERMINAL, Api, experiment_yaml
+
+    api = Api(lab)
+    # Largest first, so that the 8-slot trials take the 8-slot agents and the 4-slot ones the
+    # per-domain agents: one experiment per agent, every slot taken.
+    sizes = sorted((_size(a) for a in _agents(lab) if a.get("enabled", True)), reverse=True)
+    held = []
+    try:
+        for n, slots in enumerate(sizes):
+            config = experiment_yaml("sleep 900", slots=slots).replace(
+                "name: lab-trials", f"name: lab-busy-{n}"
+            )
+            status, created = api.create(config)
+            assert status == 200, created
+            held.append(created["experiment"]["id"])
+        deadline = time.monotonic() + 180
+        while not all(api.trial(e)["state"] == "STATE_RUNNING" for e in held):
+            assert time.monotonic() < deadline, [api.trial(e)["state"] for e in held]
+            time.sleep(2)
+        assert all(
+            not a.get("slots") or all(s.get("container") for s in a["slots"].values()) for a in _agents(lab)
+        )
+
+        rows, matrix, out, seconds = run_smoke(tmp_path, "busy")
+        assert rows == {SAVE: "skip", RESTORE: "skip", ALLREDUCE: "skip", SINGLE: "skip"}, out[-4000:]
+        assert out.count("not run: busy") >= 3 and "lab-busy-0" in out, out[-4000:]
+        assert "FAIL" not in matrix, matrix
+        print(f"smoke on the busy lab: {seconds:.1f}s")
+    finally:
+        for exp_id in held:
+            api.call("POST", f"/api/v1/experiments/{exp_id}/kill")
+        for exp_id in held:
+            api.wait(exp_id, TERMINAL, timeout=120)
+    assert leftovers(lab) == []

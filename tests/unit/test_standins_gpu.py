@@ -387,6 +387,25 @@ def test_nccl_library_reports_its_version(unpack, version, code):
     assert nccl.ncclGetErrorString(0) == b"no error"
 
 
+@pytest.mark.parametrize(
+    "ifname, result",
+    [
+        ("nosuch0", 3),  # a named interface that is not there: find or fail
+        ("=lo", 0),  # '=': the exact name; lo has 127.0.0.1 on every machine
+        ("lo", 0),  # a prefix
+    ],
+)
+def test_nccl_bootstrap_finds_the_named_interface_or_fails(unpack, monkeypatch, ifname, result):
+    lib = unpack("libnccl2", "2.14.3-1+cuda11.7") / "usr/lib/x86_64-linux-gnu"
+    nccl = ctypes.CDLL(str(lib / "libnccl.so.2"))
+    nccl.ncclGetLastError.restype = ctypes.c_char_p
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", ifname)
+    got = nccl.ncclGetUniqueId(ctypes.create_string_buffer(128))
+    assert got == result
+    if got == 3:  # ncclInternalError, with NCCL's own text (src/bootstrap.cc)
+        assert nccl.ncclGetLastError(None) == b"Bootstrap : no socket interface found"
+
+
 def test_nccl_dev_header_links_against_the_library(unpack, tmp_path):
     dev = unpack("libnccl-dev", "2.14.3-1+cuda11.7")
     rt = unpack("libnccl2", "2.14.3-1+cuda11.7")

@@ -2,7 +2,9 @@
 """NCCL for the lab's CUDA repository: a real shared library compiled at mirror build time.
 
 libnccl.so.<version> exports ncclGetVersion() returning NCCL_VERSION_CODE (21403 for 2.14.3),
-so a check that loads the library (ctypes, or a linked program) sees the installed version.
+so a check that loads the library (ctypes, or a linked program) sees the installed version;
+and ncclGetUniqueId() bootstraps as NCCL 2.14 does: a NCCL_SOCKET_IFNAME that names no
+interface here fails with NCCL's own "Bootstrap : no socket interface found" (nccl.c).
 2.13.4 is what NVIDIA's CUDA 11.7.1 images ship; it is served too, so a version pin that
 names the wrong release installs something that the 21403 check rejects.
 """

@@ -26,6 +26,19 @@ typedef enum {
     ncclNumResults = 8
 } ncclResult_t;
 
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
+typedef struct ncclComm *ncclComm_t;
+
+/* Generates an Id to be used in ncclCommInitRank; it bootstraps over the socket interface
+   NCCL_SOCKET_IFNAME names (find or fail). */
+ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
+ncclResult_t pncclGetUniqueId(ncclUniqueId *uniqueId);
+
+/* The last error NCCL recorded, as a human-readable string. */
+const char *ncclGetLastError(ncclComm_t comm);
+const char *pncclGetLastError(ncclComm_t comm);
+
 /* Return the NCCL_VERSION_CODE of the NCCL library in the supplied integer. */
 ncclResult_t ncclGetVersion(int *version);
 ncclResult_t pncclGetVersion(int *version);
