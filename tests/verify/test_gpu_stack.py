@@ -144,6 +144,10 @@ def test_ofed_release(node, host_of, cluster):
 def test_ib_ports_active(node, host_of):
     ports = parse_ibstat(host_of(node).check_output("ibstat").splitlines())
     assert ports, "ibstat shows no port"
+    # The fabric's ports only: ibstat also lists a ConnectX port in Ethernet mode (RoCE, or a
+    # storage NIC; `Link layer: Ethernet`), whose state says nothing about InfiniBand.
+    ports = {k: v for k, v in ports.items() if v.get("Link layer", "InfiniBand") == "InfiniBand"}
+    assert ports, "ibstat shows no InfiniBand port (every port's Link layer is Ethernet)"
     for (ca, port), fields in ports.items():
         assert fields.get("State") == "Active", f"{ca} port {port}: State {fields.get('State')}"
         assert fields.get("Physical state") == "LinkUp", (
