@@ -261,3 +261,35 @@ def test_hardware_keys_are_checked(tmp_path):
         "10, 14, 20, 25, 40, 50, 56, 100, 200, 400",
         "hardware.ib_width: '4x': must be one of 1X, 2X, 4X, 8X, 12X",
     ]
+
+
+# `ibstat` of an HCA whose second port runs in Ethernet mode (RoCE), as MLNX_OFED prints it.
+IBSTAT_MIXED = """CA 'mlx5_0'
+\tCA type: MT4123
+\tNumber of ports: 1
+\tPort 1:
+\t\tState: {state}
+\t\tPhysical state: LinkUp
+\t\tRate: 200
+\t\tLink layer: InfiniBand
+CA 'mlx5_1'
+\tCA type: MT4123
+\tNumber of ports: 1
+\tPort 1:
+\t\tState: Down
+\t\tPhysical state: Disabled
+\t\tRate: 40
+\t\tLink layer: Ethernet
+"""
+
+
+@pytest.mark.parametrize("state, passes", [("Active", True), ("Initializing", False)])
+def test_ib_ports_row_reads_infiniband_ports_only(state, passes):
+    from tests.verify.test_gpu_stack import test_ib_ports_active
+
+    host = SimpleNamespace(check_output=lambda command: IBSTAT_MIXED.format(state=state))
+    if passes:
+        test_ib_ports_active(None, lambda node: host)
+    else:
+        with pytest.raises(AssertionError, match="mlx5_0 port 1: State Initializing"):
+            test_ib_ports_active(None, lambda node: host)
