@@ -94,6 +94,23 @@ def fit(f: str, slots: int, target: Target) -> list[Problem]:
     ]
 
 
+# The collectives' socket interface variables: find or fail on the names they list.
+SOCKET_IFNAMES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _names_fabric_in_bridge(value: str, config: dict, target: Target) -> bool:
+    """Whether a trial that fits on one agent (bridge network: eth0 and lo) is told to use one
+    of the agents' IPoIB ports. NCCL reads a comma list of prefixes (`=` exact, `^` excludes:
+    an exclusion names nothing to find); Gloo an exact name."""
+    slots = integer(get(config, "resources", "slots_per_trial")) or 1
+    if slots > target.agent_slots or value.startswith("^"):
+        return False
+    wanted = {n for n in value.lstrip("=").split(",") if n}
+    return any(
+        port.startswith(n) or port == n for n in wanted for port in target.fabric_interfaces.split(",")
+    )
+
+
 def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
     found: list[Problem] = []
     storage = config.get("checkpoint_storage")
@@ -147,6 +164,18 @@ def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
     for values in lists:
         for item in values if isinstance(values, list) else []:
             name, _, value = str(item).partition("=")
+            if name in SOCKET_IFNAMES and _names_fabric_in_bridge(value, config, target):
+                found.append(
+                    Problem(
+                        f,
+                        "environment.environment_variables",
+                        item,
+                        "this trial fits on one agent, so Determined runs it on Docker's bridge network, "
+                        "where only eth0 and lo exist: NCCL and Gloo fail on a named interface that is "
+                        'not there (NCCL: "Bootstrap : no socket interface found"); remove it (name '
+                        "the IPoIB ports only for a trial that spans agents)",
+                    )
+                )
             if name in ("AWS_DEFAULT_REGION", "AWS_REGION") and value != target.region:
                 found.append(
                     Problem(

@@ -170,6 +170,16 @@ RULES = [
         "environment.environment_variables",
         "remove it",
     ),
+    (
+        {"environment": {"environment_variables": ["NCCL_SOCKET_IFNAME=ib0"]}},
+        "environment.environment_variables",
+        "Docker's bridge network",
+    ),
+    (
+        {"environment": {"environment_variables": {"cuda": ["GLOO_SOCKET_IFNAME=ib"]}}},
+        "environment.environment_variables",
+        "Bootstrap : no socket interface found",
+    ),
     ({"resources": {"slots_per_trial": "four"}}, "resources.slots_per_trial", "refuses it"),
     ({"searcher": {"name": "bayesian"}}, "searcher", "refuses it"),
 ]
@@ -188,6 +198,16 @@ def test_each_rule_fires_and_says_the_fix(tmp_path, change, key, fix):
     hits = [line for line in lines if f": {key}: " in line]
     assert hits and fix in hits[0], lines
     assert len(lines) == len(set(lines))
+
+
+def test_socket_interfaces_only_where_the_trial_spans_agents(tmp_path):
+    env = {"environment_variables": ["NCCL_SOCKET_IFNAME=ib0", "GLOO_SOCKET_IFNAME=ib0"]}
+    spanning = {**GOOD, "resources": {"slots_per_trial": 16}, "environment": env}
+    spanning["hyperparameters"] = {**GOOD["hyperparameters"], "global_batch_size": 128}
+    assert not [line for line in lint_of(tmp_path, spanning) if "bridge network" in line]
+    # eth0 or an exclusion is what a bridge container can take.
+    for value in ("NCCL_SOCKET_IFNAME=eth0", "NCCL_SOCKET_IFNAME=^docker,lo"):
+        assert lint_of(tmp_path, {**GOOD, "environment": {"environment_variables": [value]}}) == []
 
 
 def test_nvlink_domain_warning(tmp_path):
