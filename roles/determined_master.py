@@ -79,6 +79,7 @@ def master_yaml(cluster: Cluster) -> str:
         image_cpu=site_ref(cluster, determined.task_image.cpu),
         shm_size_bytes=determined.shm_size_bytes,
         fabric_interface=cluster.dtrain_interface,
+        nccl_ib_hca=cluster.network.nccl_ib_hca,
         # storage.tls.ca_certificate: the node's bundle with it (roles/minio_tls.py), read-only.
         storage_ca=minio_tls.trial_bundle(cluster),
         tls=determined_tls.master_security(cluster),

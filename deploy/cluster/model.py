@@ -123,6 +123,18 @@ class Network:
         ),
     ]
     ipoib: Annotated[IpoibNetwork, Section(required="at least its subnet")]
+    # NCCL_IB_HCA's syntax (NCCL's environment-variable docs): `^` excludes, `=` exact names,
+    # else prefixes; each HCA with an optional `:port`.
+    nccl_ib_hca: Annotated[
+        str | None,
+        Key(
+            checks.matching(
+                r"\^?=?[A-Za-z0-9_]+(:[0-9]+)?(,[A-Za-z0-9_]+(:[0-9]+)?)*", "like mlx5_0:1,mlx5_1:1"
+            ),
+            None,
+            "NCCL_IB_HCA for every trial (the fabric's HCAs, e.g. not a storage HCA); unset: NCCL uses every HCA",
+        ),
+    ]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import ipaddress
+import json
 import os
 import random
 import subprocess
@@ -635,3 +636,19 @@ def test_check_command_prints_problems_without_traceback(corpus_env):
     expected = expectations(BROKEN / "syntax-error.yaml") + expectations(BROKEN / "slots.yaml")
     assert run.stderr.splitlines() == expected
     assert run.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "value, ok", [("mlx5_0:1,mlx5_1:1", True), ("^mlx5_4", True), ("mlx5_0; rm -rf /", False)]
+)
+def test_nccl_ib_hca_is_nccls_syntax_or_one_line_naming_it(tmp_path, corpus_env, value, ok):
+    text = MINIMAL.replace("network: {", f"network: {{nccl_ib_hca: {json.dumps(value)}, ", 1)
+    assert text != MINIMAL
+    if ok:
+        assert load_cluster(write(tmp_path, text)).network.nccl_ib_hca == value
+    else:
+        with pytest.raises(ClusterError) as e:
+            load_cluster(write(tmp_path, text))
+        assert [p for p in e.value.problems if "network.nccl_ib_hca" in p and "like mlx5_0:1" in p], (
+            e.value.problems
+        )

@@ -69,6 +69,14 @@ def test_task_images_shm_and_agent_interface(tmp_path, monkeypatch):
     assert cluster.fabric_interfaces == ("ibp65s0",)
 
 
+def test_nccl_ib_hca_reaches_every_trial_when_set(tmp_path, monkeypatch):
+    def edit(doc):
+        doc["network"]["nccl_ib_hca"] = "mlx5_0:1,mlx5_1:1"
+
+    tcd = rendered(cluster_from(tmp_path, monkeypatch, edit))["task_container_defaults"]
+    assert tcd["environment_variables"] == ["AWS_DEFAULT_REGION=us-east-1", "NCCL_IB_HCA=mlx5_0:1,mlx5_1:1"]
+
+
 def test_agents_with_differently_named_ports_get_every_name(tmp_path, monkeypatch):
     def edit(doc):
         agents = [n for n in doc["nodes"] if "agent" in n.get("roles", [])]
