@@ -157,8 +157,8 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
 
 def _network(r: Reader, top: Map) -> Network:
     m = open_section(top, Cluster, "network")
-    top = read(m, Network)
-    management = top["management"]
+    own = read(m, Network)
+    management = own["management"]
     ib = read(open_section(m, Network, "ipoib"), IpoibNetwork)
     subnet = ib["subnet"]
     if management is not None and subnet is not None and subnet.overlaps(management):
@@ -177,7 +177,7 @@ def _network(r: Reader, top: Map) -> Network:
             "above 4092, the most IPoIB datagram mode carries (IB MTU 4096 less its 4-byte "
             "header): set network.ipoib.mode: connected (up to 65520) or a smaller MTU",
         )
-    return Network(management=management, ipoib=IpoibNetwork(**ib), nccl_ib_hca=top["nccl_ib_hca"])
+    return Network(management=management, ipoib=IpoibNetwork(**ib), nccl_ib_hca=own["nccl_ib_hca"])
 
 
 _ARTIFACT_KEYS = tuple(f.name for f in dataclasses.fields(Artifact))
