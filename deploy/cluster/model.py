@@ -132,7 +132,7 @@ class Network:
                 r"\^?=?[A-Za-z0-9_]+(:[0-9]+)?(,[A-Za-z0-9_]+(:[0-9]+)?)*", "like mlx5_0:1,mlx5_1:1"
             ),
             None,
-            "NCCL_IB_HCA for every trial (the fabric's HCAs, e.g. not a storage HCA); unset: NCCL uses every HCA",
+            "NCCL_IB_HCA for every trial (the fabric's HCAs, not a storage one); unset: NCCL uses every HCA",
         ),
     ]
 
