@@ -84,7 +84,7 @@ def node_rows(matrix: str) -> dict[str, str]:
     rows = {}
     for line in matrix.split("## Nodes", 1)[1].split("## Checks", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 7 and cells[0] not in ("node", "---"):
+        if len(cells) == 8 and cells[0] not in ("node", "---"):  # node status ok FAIL SSH n/p skip why
             rows[cells[0]] = line
     return rows
 
