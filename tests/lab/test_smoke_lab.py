@@ -221,12 +221,18 @@ def _no_leftovers_before(lab):
 def test_busy_cluster_smoke_rows_say_busy(deployed, lab, tmp_path):
     """Every slot held by a user's long experiment: each smoke row is "not run: busy", naming the
     experiments, within seconds; nothing is red, and the slots are given back afterwards."""
+    from .test_day_two_lab import wait_registered
     from .test_trials_lab import TERMINAL, Api, experiment_yaml
 
+    # The test before may have restarted the master: every agent back first, or the slots
+    # counted here are those of the agents that happened to have reconnected.
+    for node in lab.agents:
+        wait_registered(lab, node, timeout=180)
     api = Api(lab)
     # Largest first, so that the 8-slot trials take the 8-slot agents and the 4-slot ones the
     # per-domain agents: one experiment per agent, every slot taken.
     sizes = sorted((_size(a) for a in _agents(lab) if a.get("enabled", True)), reverse=True)
+    assert sum(sizes) == sum(n.slots or 0 for n in lab.agents), sizes
     held = []
     try:
         for n, slots in enumerate(sizes):
