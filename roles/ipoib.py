@@ -80,11 +80,20 @@ def netplan_path(interface: str) -> str:
     return f"{NETPLAN_DIR}/60-gpu-cluster-{interface}.yaml"
 
 
-def drop_stale(directory: str, keep: str) -> list:
-    """Remove this role's files for another interface (the node's port was renamed, or its
+def ifupdown_path(interface: str) -> str:
+    return f"{IFUPDOWN_DIR}/{interface}"
+
+
+def stale_files(directory: str, keep: str) -> list[str]:
+    """This role's files for another interface (the node's port was renamed, or its
     ipoib_interface corrected): a stale ifupdown stanza fails `ifup -a` at boot."""
-    found = host.get_fact(ManagedFiles, directory=directory, header=HEADER)
-    return [files.file(name=f"No stale {path}", path=path, present=False) for path in found if path != keep]
+    return [p for p in host.get_fact(ManagedFiles, directory=directory, header=HEADER) if p != keep]
+
+
+def drop_stale(directory: str, keep: str) -> list:
+    return [
+        files.file(name=f"No stale {path}", path=path, present=False) for path in stale_files(directory, keep)
+    ]
 
 
 def netplan_apply(interface: str) -> str:
@@ -149,21 +158,16 @@ def configure_when_present(cluster: Cluster, node: Node, netplan: bool):
     cidr = f"{node.ipoib_address}/{ib.subnet.prefixlen}"
     if netplan:
         mode = ib_mode(cluster, links[interface], host.get_fact(NetplanFeatures))
-        dest = netplan_path(interface)
-        for path in host.get_fact(ManagedFiles, directory=NETPLAN_DIR, header=HEADER):
-            if path != dest:
-                yield from files.file._inner(path=path, present=False)
-        text = netplan_doc(interface, cidr, ib.mtu, mode)
-        yield from files.put._inner(src=StringIO(text), dest=dest, mode="600")
-        yield netplan_apply(interface)
+        directory, dest, file_mode = NETPLAN_DIR, netplan_path(interface), "600"
+        text, activate = netplan_doc(interface, cidr, ib.mtu, mode), netplan_apply(interface)
     else:
-        dest = f"{IFUPDOWN_DIR}/{interface}"
-        for path in host.get_fact(ManagedFiles, directory=IFUPDOWN_DIR, header=HEADER):
-            if path != dest:
-                yield from files.file._inner(path=path, present=False)
-        text = ifupdown_stanza(interface, cidr, ib.mtu, ib_mode(cluster, links[interface], None))
-        yield from files.put._inner(src=StringIO(text), dest=dest, mode="644")
-        yield ifup(interface)
+        mode = ib_mode(cluster, links[interface], None)
+        directory, dest, file_mode = IFUPDOWN_DIR, ifupdown_path(interface), "644"
+        text, activate = ifupdown_stanza(interface, cidr, ib.mtu, mode), ifup(interface)
+    for path in stale_files(directory, dest):
+        yield from files.file._inner(path=path, present=False)
+    yield from files.put._inner(src=StringIO(text), dest=dest, mode=file_mode)
+    yield activate
 
 
 def _netplan(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
@@ -195,7 +199,7 @@ def _ifupdown_base() -> None:
 
 def _ifupdown(interface: str, cidr: str, mtu: int, mode: str | None, in_place: bool) -> None:
     _ifupdown_base()
-    dest = f"{IFUPDOWN_DIR}/{interface}"
+    dest = ifupdown_path(interface)
     drop_stale(IFUPDOWN_DIR, dest)
     conf = files.put(
         name=f"{interface} in ifupdown",
