@@ -6,7 +6,8 @@ ignored, or old ones used instead.") and the node installs from stale lists or n
 later with a wrong cause ("the repository does not offer ..."). Every update the roles run is
 files/shared_ops/apt-update.sh instead: APT::Update::Error-Mode=any, and a failed update tried
 twice more, 10 s apart, since a caching proxy in front of many nodes can fail a request for a
-moment (the 64-node bench met it).
+moment (the 64-node bench met it). Only the repositories the deploy installs from
+(DEPLOY_SOURCES) fail the host: a site's other repository that does not answer is a warning.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from roles.scripts import script
 DPKG_LOCK_TIMEOUT = 600
 
 
+# The files in sources.list.d whose repositories the deploy installs from: its own (the CUDA
+# repo's list, roles/apt_pinsets.sources_list_path; PGDG's, roles/postgresql.PGDG_LIST) and the
+# distribution's deb822 files (Ubuntu 24.04, Debian 12 images; older ones use sources.list,
+# which always counts). A failure of any other repository is a warning (apt-update.sh).
+DEPLOY_SOURCES = ("cuda-*-x86_64.list", "pgdg.list", "ubuntu.sources", "debian.sources")
+UPDATE_ATTEMPTS, UPDATE_DELAY = 3, 10
+
+
 def update_command() -> StringCommand:
-    return script("shared_ops/apt-update.sh", DPKG_LOCK_TIMEOUT)
+    return script(
+        "shared_ops/apt-update.sh", DPKG_LOCK_TIMEOUT, UPDATE_ATTEMPTS, UPDATE_DELAY, *DEPLOY_SOURCES
+    )
 
 
 @operation(is_idempotent=False)

@@ -30,7 +30,7 @@ from deploy.pins import ofed_release
 from roles import kernel
 from roles.apt_pinsets import os_release
 from roles.scripts import script
-from roles.shared_ops import DPKG_LOCK_TIMEOUT, fetch_verified, packages
+from roles.shared_ops import DPKG_LOCK_TIMEOUT, fail, fetch_verified, packages
 
 WORK_DIR = "/var/cache/mlnx-ofed"
 OPENIBD = "/etc/init.d/openibd"
@@ -96,10 +96,16 @@ def unpacked_dir(tarball: str) -> str:
 
 
 @operation()
-def verified_tarball(url: str, sha256: str, dest: str, release: str):
+def verified_tarball(url: str, sha256: str | None, dest: str, release: str):
     """dest holds the tarball with the pinned sha256 (skipped once `release` is installed)."""
     if host.get_fact(OfedRelease) == release:
         host.noop(f"{release} is installed")
+        return
+    if sha256 is None:  # pins per distro, none for this node's: nothing is fetched unpinned
+        yield fail(
+            f"sources.mofed_tarball.sha256 has no pin for {tarball_name(url)}: add this node's "
+            "distro to it (sha256sum FILE); nothing is installed unpinned"
+        )
         return
     if (host.get_fact(Sha256File, path=dest) or "").lower() == sha256.lower():
         host.noop(f"{dest} is the pinned tarball")
@@ -144,7 +150,7 @@ def apply(cluster: Cluster, node: Node) -> None:
     verified_tarball(
         name=f"Download {tarball_name(url)} (sha256 checked)",
         url=url,
-        sha256=cluster.sources.mofed_tarball.sha256,
+        sha256=cluster.sources.mofed_sha256_for(os_id, os_version),
         dest=tarball,
         release=release,
     )

@@ -360,6 +360,44 @@ def sha256(m: Map, key: str, artifact: str) -> str | None:
     return None
 
 
+MOFED_DISTRO = re.compile(r"(ubuntu[0-9]{2}\.[0-9]{2}|debian[0-9]{1,2}|rhel[0-9]\.[0-9]{1,2})", re.ASCII)
+
+
+def distro_pins(m: Map, key: str, artifact: str) -> tuple[tuple[str, str], ...] | None:
+    """Pins of a file that differs per distro, `{ubuntu20.04: <sha256>, ...}` (MLNX_OFED's
+    names for its tarballs' distros); None after a problem."""
+    v = m.raw(key)
+    path = m.key(key)
+    if not v:
+        m.r.bad(
+            path, v, f"must map distros to the sha256 of their {artifact}, like {{ubuntu22.04: <sha256>}}"
+        )
+        return None
+    pins = []
+    for distro, digest in v.items():
+        if not isinstance(distro, str) or not MOFED_DISTRO.fullmatch(distro):
+            m.r.bad(
+                path,
+                distro,
+                "keys must be distros as the file names them, like ubuntu20.04, ubuntu22.04, debian12",
+            )
+        elif digest is None:
+            m.r.bad(
+                join(path, distro),
+                digest,
+                f"not pinned: write the sha256 of that distro's {artifact} here (`sha256sum FILE`)",
+            )
+        elif not (isinstance(digest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
+            m.r.bad(
+                join(path, distro),
+                digest,
+                "must be 64 hexadecimal characters (the output of `sha256sum FILE`)",
+            )
+        else:
+            pins.append((distro, digest.lower()))
+    return tuple(pins) if len(pins) == len(v) else None
+
+
 NVIDIA_REPO_FOLDER = re.compile(r"(ubuntu|debian|rhel|sles)[0-9]{2,4}", re.ASCII)
 
 

@@ -187,7 +187,21 @@ class Artifact:
     """`{url, sha256}` of one download; its keys are checked per file (see Sources, rules.py)."""
 
     url: str  # may hold {version} / {distro} placeholders
+    # One pin, or (for a url with {distro}: one file per distro) one per distro; `sha256` is
+    # then "" and `pin_for` is what a role reads.
     sha256: str
+    per_distro: tuple[tuple[str, str], ...] = ()
+
+    def pin_for(self, distro: str) -> str | None:
+        """The sha256 of the file for `distro` (the url's {distro}); None: not pinned for it."""
+        if not self.per_distro:
+            return self.sha256
+        return dict(self.per_distro).get(distro)
+
+
+def mofed_distro(os_id: str, os_version: str) -> str:
+    """MLNX_OFED's name for a distro in its tarballs' names: ubuntu20.04, ubuntu22.04, debian12."""
+    return os_id.lower() + os_version
 
 
 @dataclass(frozen=True)
@@ -221,7 +235,9 @@ class Sources:
         ArtifactKey(
             "MLNX_OFED tarball",
             ("version", "distro"),
-            "the MLNX_OFED tarball; `{distro}` becomes `ubuntu20.04`, `ubuntu22.04`, `debian12`",
+            "the MLNX_OFED tarball; `{distro}` becomes `ubuntu20.04`, `ubuntu22.04`, `debian12`; "
+            "each distro's tarball is another file: `sha256` is one pin, or one per distro "
+            "(`{ubuntu20.04: ..., ubuntu22.04: ...}`) for a cluster that mixes them",
         ),
     ]
     minio: Annotated[Artifact, ArtifactKey("MinIO server binary", (), "the MinIO server binary")]
@@ -251,7 +267,11 @@ class Sources:
 
     def mofed_url_for(self, os_id: str, os_version: str, mofed_version: str) -> str:
         """MLNX_OFED tarballs are named per distro as ubuntu20.04, ubuntu22.04, debian12."""
-        return self.mofed_tarball.url.format(version=mofed_version, distro=os_id.lower() + os_version)
+        return self.mofed_tarball.url.format(version=mofed_version, distro=mofed_distro(os_id, os_version))
+
+    def mofed_sha256_for(self, os_id: str, os_version: str) -> str | None:
+        """The pin of the node's distro's tarball (each distro's is another file)."""
+        return self.mofed_tarball.pin_for(mofed_distro(os_id, os_version))
 
     def determined_url(self, kind: str, version: str) -> str:
         if kind not in ARTIFACT_KINDS:

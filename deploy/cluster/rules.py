@@ -195,6 +195,10 @@ def _sources(top: Map) -> Sources:
             checks.url(("http", "https"), placeholders=spec.placeholders),
             what=f"where to download the {spec.what}",
         )
+        if "distro" in spec.placeholders and isinstance(a.raw("sha256"), dict):
+            per_distro = checks.distro_pins(a, "sha256", spec.what)
+            values[name] = Artifact(url=url, sha256="", per_distro=per_distro or ())
+            continue
         pin: Any = checks.sha256(a, "sha256", spec.what)  # None after a problem: no Cluster then
         values[name] = Artifact(url=url, sha256=pin)
     if values["registry_ca"] is not None and not m.given("registry"):

@@ -4,9 +4,10 @@ verify and rebuild.
 For each size it boots a lab of that many nodes (one master, the rest GPU agents, overlay
 root filesystems, on 10.77.<40+i>.0/24: a lab of its own, beside any other lab, sharing the
 controller's mirror, apt proxy, registry and cores with it), then measures: a cold deploy, a
-no-op re-deploy, the same through `python -m deploy.shards` (os.cpu_count() shards), a verify
-run, and the rebuild of one agent (blank root filesystem, then `deploy.py --limit` it); then it
-takes that lab down. Per step:
+no-op re-deploy, the same through `python -m deploy.shards` (os.cpu_count() shards), verify
+(VERIFY_RUNS runs: their spread is printed below the table, and one more with every slot
+held by a long experiment), and the rebuild of one agent (blank root filesystem, then
+`deploy.py --limit` it); then it takes that lab down. Per step:
 wall seconds, SSH commands per host (from pyinfra's debug log), bytes each node fetched from
 the lab mirror and the apt proxy, the peak memory of the controller's largest process, CPU seconds of the
 controller (the command and its children: pyinfra, deploy.shards' processes, pytest and its
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,9 @@ from pathlib import Path
 
 import yaml
 
-from . import lifecycle, nodes, registry, services
+from deploy.cluster import load_cluster
+
+from . import busy, lifecycle, nodes, registry, services
 from .paths import APT_PROXY_PORT, DEFAULT_CLUSTER, LOGS, MIRROR_PORT, NODES, REPO, STATE
 from .shell import LabError, run
 
@@ -357,6 +361,12 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
         rows.append(measure(f"no-op re-deploy, {os.cpu_count()} shards", sharded, addresses, caches))
         verify = [sys.executable, "-m", "tests.verify", "--cluster", str(path)]
         rows.append(measure("verify", verify, addresses, caches))
+        # Its spread over several runs of the healthy lab (verify_spread), and on a lab whose
+        # every slot users hold (its smoke rows say busy: no red cell, not much slower).
+        for _ in range(VERIFY_RUNS - 1):
+            rows.append(measure("verify, again", verify, addresses, caches))
+        with busy.every_slot_held(load_cluster(str(path))):
+            rows.append(measure(BUSY_STEP, verify, addresses, caches))
         # One agent powered off: its column SSH after one bounded wait; exit 1 by design.
         dead = spec.nodes[-1]
         nodes.stop(dead)
@@ -377,6 +387,30 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
     for row in rows:
         row["size"] = size
     return rows
+
+
+VERIFY_RUNS = 5
+BUSY_STEP = "verify, every slot busy"
+
+
+def verify_spread(rows: list[dict]) -> str:
+    """One line per size: verify's wall time over the healthy runs (min / median / max) and the
+    busy run against their median."""
+    lines = []
+    for size in sorted({r["size"] for r in rows}):
+        healthy = [r["wall"] for r in rows if r["size"] == size and r["step"] in ("verify", "verify, again")]
+        busy_runs = [r["wall"] for r in rows if r["size"] == size and r["step"] == BUSY_STEP]
+        if not healthy:
+            continue
+        median = statistics.median(healthy)
+        line = (
+            f"- {size} nodes: verify over {len(healthy)} healthy runs: min {min(healthy):.1f} s, "
+            f"median {median:.1f} s, max {max(healthy):.1f} s"
+        )
+        if busy_runs:
+            line += f"; every slot busy: {busy_runs[0]:.1f} s ({busy_runs[0] / median:.2f}x the median)"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
@@ -445,7 +479,8 @@ def main(argv=None) -> int:
             print(table([r for r in rows if r["size"] == size]), flush=True)
     report = (
         f"# Benchmarks\n\nMachine: {machine()}; the nodes' disks: {storage}\n\n"
-        f"Command: `python -m tests.lab.bench --sizes {args.sizes}`\n\n{table(rows)}\n"
+        f"Command: `python -m tests.lab.bench --sizes {args.sizes}`\n\n{table(rows)}\n\n"
+        f"{verify_spread(rows)}\n"
     )
     Path(args.out).write_text(report)
     print(report)

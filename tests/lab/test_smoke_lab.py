@@ -24,9 +24,11 @@ import pytest
 from minio.deleteobjects import DeleteObject
 
 from deploy import s3
+from deploy.cluster.images import site_ref
 from tests.verify import smoke_client as sc
 from tests.verify.master_api import _http, _master_url, admin_token
 
+from .busy import every_slot_held
 from .conftest import run_verify
 
 SAVE, RESTORE, ALLREDUCE, SINGLE = (
@@ -38,6 +40,7 @@ SAVE, RESTORE, ALLREDUCE, SINGLE = (
 MASTER_YAML = "/etc/determined/master.yaml"
 MINIO_ENV = "/etc/default/minio"
 OTHER_REGION = "lab-north-9"
+CUDA_124_IMAGE = "determinedai/pytorch-ngc:0.38.0"  # the lab registry's stand-in, CUDA 12.4
 
 
 def run_smoke(tmp_path, name: str) -> tuple[dict[str, str], str, str, float]:
@@ -178,14 +181,21 @@ def test_wrong_secret_key_in_master_yaml(deployed, lab, lab_ssh, deploy, tmp_pat
     assert leftovers(lab) == []
 
 
-def test_ipoib_named_for_every_trial_fails_the_single_agent_row(deployed, lab, lab_ssh, deploy, tmp_path):
-    """What master.yaml gave every trial before: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME naming
-    the IPoIB port. A trial that fits on one agent runs on Docker's bridge network, where that
-    port does not exist, and NCCL's bootstrap fails to find it; the two-agent trial (host
-    network) still runs."""
+def test_task_defaults_that_break_trials_turn_the_smoke_red(deployed, lab, lab_ssh, deploy, tmp_path):
+    """Two of master.yaml's task_container_defaults, one after the other, each as the smoke sees
+    it through the defaults (it names no image and no variable of its own); one deploy repairs.
+
+    1. NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME naming the IPoIB port for every trial (what the
+       deploy wrote before): a trial that fits on one agent runs on Docker's bridge network,
+       where that port does not exist, and NCCL's bootstrap fails to find it; the two-agent
+       trial (host network) still runs.
+    2. The GPU image set to a CUDA 12.4 one (the lab registry's NGC stand-in, Determined 0.38's
+       default image, which libnvidia-container starts on any driver: NVIDIA_REQUIRE_CUDA=
+       cuda>=9.0): every row fails at CUDA's start with the runtime's own words."""
     master = lab.master_node.hostname
     iface = lab.network.ipoib.interface
     backup = f"{MASTER_YAML}.smoke-test"
+    restore = f"cp -p {backup} {MASTER_YAML} && systemctl restart determined-master"
     lab_ssh(master, f"cp -p {MASTER_YAML} {backup}")
     repaired = None
     try:
@@ -199,10 +209,22 @@ def test_ipoib_named_for_every_trial_fails_the_single_agent_row(deployed, lab, l
         rows, matrix, out, _ = run_smoke(tmp_path, "ifname")
         assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok", SINGLE: "fail"}, out[-4000:]
         assert "Bootstrap : no socket interface found" in out, out[-4000:]
+
+        ngc = site_ref(lab, CUDA_124_IMAGE)
+        set_image = (
+            f"sed -i 's|^    cuda: .*|    cuda: {ngc}|' {MASTER_YAML} && grep -qF 'cuda: {ngc}' {MASTER_YAML}"
+        )
+        lab_ssh(master, f"{restore} && {set_image} && systemctl restart determined-master")
+        rows, matrix, out, _ = run_smoke(tmp_path, "cuda12")
+        # The restore row has no checkpoint to read: skipped, not failed.
+        assert rows[SAVE] == rows[ALLREDUCE] == rows[SINGLE] == "fail", out[-4000:]
+        assert rows[RESTORE] in ("fail", "skip"), out[-4000:]
+        assert "CUDA driver version is insufficient for CUDA runtime version" in out, out[-4000:]
+        assert sc.CUDA.symptom in matrix, matrix[-3000:]
     finally:
         repaired = deploy()
         if repaired.returncode != 0:
-            lab_ssh(master, f"cp -p {backup} {MASTER_YAML} && systemctl restart determined-master")
+            lab_ssh(master, restore)
         lab_ssh(master, f"rm -f {backup}")
     assert repaired.returncode == 0, repaired.stderr[-3000:]
     assert leftovers(lab) == []
@@ -221,43 +243,10 @@ def _no_leftovers_before(lab):
 def test_busy_cluster_smoke_rows_say_busy(deployed, lab, tmp_path):
     """Every slot held by a user's long experiment: each smoke row is "not run: busy", naming the
     experiments, within seconds; nothing is red, and the slots are given back afterwards."""
-    from .test_day_two_lab import wait_registered
-    from .test_trials_lab import TERMINAL, Api, experiment_yaml
-
-    # The test before may have restarted the master: every agent back first, or the slots
-    # counted here are those of the agents that happened to have reconnected.
-    for node in lab.agents:
-        wait_registered(lab, node, timeout=180)
-    api = Api(lab)
-    # Largest first, so that the 8-slot trials take the 8-slot agents and the 4-slot ones the
-    # per-domain agents: one experiment per agent, every slot taken.
-    sizes = sorted((_size(a) for a in _agents(lab) if a.get("enabled", True)), reverse=True)
-    assert sum(sizes) == sum(n.slots or 0 for n in lab.agents), sizes
-    held = []
-    try:
-        for n, slots in enumerate(sizes):
-            config = experiment_yaml("sleep 900", slots=slots).replace(
-                "name: lab-trials", f"name: lab-busy-{n}"
-            )
-            status, created = api.create(config)
-            assert status == 200, created
-            held.append(created["experiment"]["id"])
-        deadline = time.monotonic() + 180
-        while not all(api.trial(e)["state"] == "STATE_RUNNING" for e in held):
-            assert time.monotonic() < deadline, [api.trial(e)["state"] for e in held]
-            time.sleep(2)
-        assert all(
-            not a.get("slots") or all(s.get("container") for s in a["slots"].values()) for a in _agents(lab)
-        )
-
+    with every_slot_held(lab):
         rows, matrix, out, seconds = run_smoke(tmp_path, "busy")
         assert rows == {SAVE: "skip", RESTORE: "skip", ALLREDUCE: "skip", SINGLE: "skip"}, out[-4000:]
         assert out.count("not run: busy") >= 3 and "lab-busy-0" in out, out[-4000:]
         assert ", 0 red cells," in matrix and "**FAIL**" not in matrix, matrix
         print(f"smoke on the busy lab: {seconds:.1f}s")
-    finally:
-        for exp_id in held:
-            api.call("POST", f"/api/v1/experiments/{exp_id}/kill")
-        for exp_id in held:
-            api.wait(exp_id, TERMINAL, timeout=120)
     assert leftovers(lab) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from roles.apt_lists import DEPLOY_SOURCES, update_command
 from roles.scripts import script
 
 pytestmark = pytest.mark.skipif(
@@ -65,12 +66,10 @@ def node(tmp_path):
     env = {**os.environ, "LC_ALL": "C", "APT_CONFIG": str(conf)}
     servers = []
 
-    def start(failures: int) -> None:
+    def start(failures: int, where: str = "etc/apt/sources.list") -> None:
         server = serve(repo, failures)
         servers.append(server)
-        (root / "etc/apt/sources.list").write_text(
-            f"deb [trusted=yes] http://127.0.0.1:{server.server_port}/ /\n"
-        )
+        (root / where).write_text(f"deb [trusted=yes] http://127.0.0.1:{server.server_port}/ /\n")
 
     def run(command: str) -> subprocess.CompletedProcess:
         return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, check=False)
@@ -110,3 +109,40 @@ def test_a_fetch_that_keeps_failing_fails_the_host(node):
     assert "503" in proc.stdout + proc.stderr
     assert proc.stderr.strip().endswith("apt-get update failed 2 times (apt's messages above)")
     assert "nvidia-utils-515" not in offered()
+
+
+def test_a_failing_repository_the_deploy_does_not_use_is_a_warning(node):
+    """A site's own repository that does not answer (a stale PPA, a monitoring agent's) leaves
+    the host to the deploy: the repositories it installs from were fetched."""
+    start, run, offered = node
+    start(failures=0)  # the distribution's sources.list: fine
+    start(failures=1000, where="etc/apt/sources.list.d/site-monitoring.list")
+    proc = run(update_command().get_raw_value())
+    assert proc.returncode == 0, proc.stderr
+    assert "a repository the deploy does not install from failed" in proc.stderr
+    assert "503" in proc.stdout + proc.stderr  # apt's own message stays in the output
+    assert "515.65.01-0ubuntu1" in offered()
+
+
+def test_a_failing_repository_of_the_deploy_still_fails_the_host(node):
+    """The CUDA repo's list (a DEPLOY_SOURCES name) that keeps failing fails the host, even with
+    a healthy sources.list beside it."""
+    start, run, offered = node
+    assert "cuda-*-x86_64.list" in DEPLOY_SOURCES
+    start(failures=0)
+    start(failures=1000, where="etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list")
+    proc = run(script("shared_ops/apt-update.sh", 600, 2, 0, *DEPLOY_SOURCES).get_raw_value())
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().endswith("apt-get update failed 2 times (apt's messages above)")
+
+
+@pytest.mark.parametrize("os_id, os_version", [("ubuntu", "20.04"), ("ubuntu", "22.04"), ("debian", "12")])
+def test_the_deploys_own_lists_are_named_in_deploy_sources(os_id, os_version):
+    from fnmatch import fnmatch
+
+    from roles.apt_pinsets import sources_list_path
+    from roles.postgresql import PGDG_LIST
+
+    for path in (sources_list_path(os_id, os_version), PGDG_LIST):
+        assert path.startswith("/etc/apt/sources.list.d/")
+        assert any(fnmatch(path.rsplit("/", 1)[1], p) for p in DEPLOY_SOURCES), path

@@ -91,5 +91,5 @@ def test_command_on_a_broken_file(tmp_path, capsys):
     path.write_text(PROD.read_text())  # sha256 not pinned
     assert main([str(path)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 6 and all(": not pinned: " in line for line in err)  # 2 keyrings, 4 files
+    assert len(err) == 7 and all(": not pinned: " in line for line in err)  # 2 keyrings, 2 OFED, 3 files
     assert main([]) == 2

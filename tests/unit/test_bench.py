@@ -161,3 +161,17 @@ def test_each_command_gets_the_benchs_environment_of_the_moment(monkeypatch):
     monkeypatch.setenv("DTLAB_BENCH_PROBE", "later")
     result = bench.timed([sys.executable, "-c", "import os; print(os.environ['DTLAB_BENCH_PROBE'])"])
     assert result["rc"] == 0 and result["out"].strip() == "later", result["out"]
+
+
+def test_verify_spread_line():
+    rows = [
+        {"size": 4, "step": "verify", "wall": 17.0},
+        {"size": 4, "step": "verify, again", "wall": 15.0},
+        {"size": 4, "step": "verify, again", "wall": 21.0},
+        {"size": 4, "step": bench.BUSY_STEP, "wall": 18.0},
+        {"size": 4, "step": "cold deploy", "wall": 300.0},
+    ]
+    assert bench.verify_spread(rows) == (
+        "- 4 nodes: verify over 3 healthy runs: min 15.0 s, median 17.0 s, max 21.0 s; "
+        "every slot busy: 18.0 s (1.06x the median)"
+    )

@@ -248,6 +248,25 @@ def test_source_helpers(tmp_path, corpus_env):
     assert src.determined_url("agent", "0.38.0").endswith("determined-agent_0.38.0_linux_amd64.deb")
     with pytest.raises(ValueError):
         src.determined_url("minio", "0.38.0")
+    assert src.mofed_sha256_for("ubuntu", "20.04") == src.mofed_sha256_for("debian", "12") == PIN
+
+
+def test_mofed_pins_per_distro(tmp_path, corpus_env):
+    """Each distro's MLNX_OFED tarball is another file: a mixed cluster pins each."""
+    per = "sha256: {ubuntu20.04: " + "b" * 64 + ", ubuntu22.04: " + "C" * 64 + "}}"
+    text = MINIMAL.replace('-x86_64.tgz", sha256: ' + PIN + "}", '-x86_64.tgz", ' + per, 1)
+    assert text != MINIMAL
+    src = load_cluster(write(tmp_path, text)).sources
+    assert src.mofed_sha256_for("ubuntu", "20.04") == "b" * 64
+    assert src.mofed_sha256_for("ubuntu", "22.04") == "c" * 64
+    assert src.mofed_sha256_for("debian", "12") is None  # the role fails that node, unfetched
+    bad = text.replace("ubuntu22.04: ", "ubuntu2204: ", 1)
+    with pytest.raises(ClusterError) as e:
+        load_cluster(write(tmp_path, bad))
+    assert [p.split(": ", 1)[1] for p in e.value.problems] == [
+        "sources.mofed_tarball.sha256: 'ubuntu2204': keys must be distros as the file names them, "
+        "like ubuntu20.04, ubuntu22.04, debian12"
+    ]
 
 
 def test_model_lookups(tmp_path, corpus_env):
@@ -270,10 +289,12 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
     f = "inventories/prod/cluster.yaml"
     pin = "not pinned: write the sha256 of the {} here (`sha256sum FILE`)"
     keyring = "not pinned: write the sha256 of that folder's cuda-keyring .deb here (`sha256sum FILE`)"
+    distro_pin = "not pinned: write the sha256 of that distro's MLNX_OFED tarball here (`sha256sum FILE`)"
     assert e.value.problems == [
         f"{f}: sources.cuda_keyring.ubuntu2004: None: " + keyring,
         f"{f}: sources.cuda_keyring.ubuntu2204: None: " + keyring,
-        f"{f}: sources.mofed_tarball.sha256: None: " + pin.format("MLNX_OFED tarball"),
+        f"{f}: sources.mofed_tarball.sha256['ubuntu20.04']: None: " + distro_pin,
+        f"{f}: sources.mofed_tarball.sha256['ubuntu22.04']: None: " + distro_pin,
         f"{f}: sources.minio.sha256: None: " + pin.format("MinIO server binary"),
         f"{f}: sources.determined_master.sha256: None: " + pin.format("determined-master package"),
         f"{f}: sources.determined_agent.sha256: None: " + pin.format("determined-agent package"),

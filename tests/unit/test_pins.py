@@ -203,7 +203,7 @@ def test_update_and_hold_only_when_needed():
     assert run_op(apt_pins.update_if_stale, {DebPackages: installed}, pins, REPO_URL) == []
     stale: dict = {DebPackages: {}, AptRepoVersions: {}}
     [update] = run_op(apt_pins.update_if_stale, stale, pins, REPO_URL)
-    assert "apt-update.sh" in str(update) and str(update).endswith(" 600")
+    assert "apt-update.sh" in str(update) and " 600 3 10 " in str(update)
     assert run_op(apt_pins.hold, {HeldPackages: set(pins)}, list(pins)) == []
     [hold] = run_op(apt_pins.hold, {HeldPackages: {"libnccl2"}}, list(pins))
     assert "apt-mark-hold.sh" in str(hold) and str(hold).endswith(" 600 libnccl-dev")

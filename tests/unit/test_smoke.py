@@ -179,6 +179,12 @@ REGION_LINE = (
         (smoke.SINGLE, "... failed ...: socket.gaierror: [Errno -2] Name or service not known", sc.RESOLVE),
         (smoke.RESTORE, "... failed ...: [Errno 111] Connection refused", sc.ENDPOINT),
         (smoke.SAVE, "... failed ...: botocore: An error occurred (NoSuchBucket) when calling", sc.BUCKET),
+        (
+            smoke.SINGLE,
+            "CUDA driver version is insufficient for CUDA runtime version: the image's CUDA 12.4.0",
+            sc.CUDA,
+        ),
+        (smoke.SAVE, "cuInit returned 802 CUDA_ERROR_SYSTEM_NOT_READY (on NVSwitch ...", sc.CUDA),
     ],
 )
 def test_failure_hints(kind, line, hint):

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -817,3 +818,54 @@ def test_every_source_file_says_what_it_stands_in_for():
             ), path
             checked += 1
     assert checked >= 25
+
+
+# ---------------------------------------------------------------- the smoke trial's CUDA step
+
+SMOKE_TRIAL = Path(__file__).resolve().parents[2] / "deploy/experiment/smoke_model/smoke_trial.py"
+
+
+@pytest.mark.parametrize(
+    ("loaded", "cuda_version", "said"),
+    [
+        ("515.65.01", "11.3.1", None),  # Determined's CUDA 11.3 image on R515 (CUDA 11.7)
+        ("515.65.01", "11.8.0", None),  # minor version compatibility within CUDA 11
+        ("515.65.01", None, None),  # no CUDA runtime in the image: nothing to compare
+        (
+            "515.65.01",
+            "12.4.0.041",  # NGC PyTorch 24.03, Determined 0.38's default image
+            "SMOKE-FAIL single-agent-allreduce: CUDA driver version is insufficient for CUDA "
+            "runtime version: the image's CUDA 12.4.0.041 on ",
+        ),
+        (None, "11.3.1", "SMOKE-FAIL checkpoint-save: cuInit returned 100 CUDA_ERROR_NO_DEVICE on "),
+        ("515.86.01", "11.3.1", "SMOKE-FAIL checkpoint-save: cuInit returned 803 CUDA_ERROR_SYSTEM_DRIVER"),
+    ],
+)
+def test_smoke_trial_cuda_step_against_the_driver_library(unpack, tmp_path, loaded, cuda_version, said):
+    """The smoke's first step in a GPU container, with the driver's libcuda.so.1 found as
+    nvidia-container-cli mounts it (the library path), and the module state it reads."""
+    lib = unpack("libnvidia-compute-515", "515.65.01-0ubuntu1") / "usr/lib/x86_64-linux-gnu"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if loaded:
+        (run_dir / "loaded-version").write_text(loaded + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VERSION"}
+    env |= {"LD_LIBRARY_PATH": str(lib), "DTLAB_STANDIN_RUN_DIR": str(run_dir)}
+    if cuda_version:
+        env["CUDA_VERSION"] = cuda_version
+    row = "single-agent-allreduce" if cuda_version and cuda_version.startswith("12") else "checkpoint-save"
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('t', sys.argv[1]); "
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t); t.cuda(sys.argv[2])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(SMOKE_TRIAL), row],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if said is None:
+        assert (out.returncode, out.stdout) == (0, ""), out
+    else:
+        assert out.returncode == 1 and out.stdout.startswith(said), out

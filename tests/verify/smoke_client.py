@@ -247,6 +247,14 @@ COLLECTIVE = Hint(
     "the mpirun or Gloo error in the detail; the task image's Open MPI / torch; the container's "
     "loopback and eth0 (`docker run --rm IMAGE ip addr` on the agent named in the detail)",
 )
+CUDA = Hint(
+    "CUDA does not start in the trial's container: the task image's CUDA needs a newer driver "
+    "than the agents run, or the driver is not ready (fabric manager, module and library differ)",
+    "task_container_defaults.image in /etc/determined/master.yaml against determined.task_image "
+    "in cluster.yaml: an image whose CUDA major is the driver's (`nvidia-smi` prints the CUDA the "
+    "driver runs) or older; for 802 `systemctl status nvidia-fabricmanager` on the agent named "
+    "in the detail",
+)
 SINGLE_PLACEMENT = Hint(
     "the single-agent trial did not get one container with all the slots of one agent",
     "`det slot list`: an enabled agent with at least two slots, none of them held",
@@ -292,6 +300,7 @@ _RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], Hint], ...] = (
     ((S3,), RESOLVING, ENDPOINT),
     ((S3,), ("Could not connect", "EndpointConnectionError", "ConnectTimeout", "timed out"), ENDPOINT),
     ((S3,), ("Connection refused",), ENDPOINT),
+    (ANY, ("CUDA driver version is insufficient", "cuInit returned"), CUDA),
     (ANY, PULLING, PULL),
     (ANY, MISSING, IMAGE),
     ((MPI, COLL), RESOLVING, RESOLVE),

@@ -50,6 +50,51 @@ def read_json(path):
         return json.load(f)
 
 
+# --- CUDA --------------------------------------------------------------------------------
+
+# cuda.h's names for what cuInit returns when the driver is there but CUDA cannot start.
+CU_ERRORS = {
+    100: "CUDA_ERROR_NO_DEVICE",
+    802: "CUDA_ERROR_SYSTEM_NOT_READY (on NVSwitch systems: the fabric manager is not running)",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (the kernel module and libcuda differ)",
+}
+
+
+def cuda(row):
+    """What a trial's framework does first in a GPU container: initialise CUDA.
+
+    libcuda.so.1 is the driver's, mounted by nvidia-container-cli; a container without it is a
+    CPU task and this is skipped. The image's CUDA runtime (CUDA_VERSION, set by nvidia/cuda's
+    and NGC's images) needs a driver of its major version or newer: CUDA's minor version
+    compatibility covers 11.x on an 11.7 driver, not 12.x (CUDA Compatibility guide; forward
+    compatibility needs the cuda-compat package and a datacenter driver branch it lists). The
+    runtime's answer is cudaErrorInsufficientDriver, "CUDA driver version is insufficient for
+    CUDA runtime version"; the smoke says the same, so a default image whose CUDA the driver
+    cannot run turns every GPU row red, as it fails users' trials."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    host = socket.gethostname()
+    code = lib.cuInit(0)
+    if code != 0:
+        fail(row, f"cuInit returned {code} {CU_ERRORS.get(code, '')} on {host}")
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        fail(row, f"cuDriverGetVersion failed on {host}")
+    driver = (version.value // 1000, version.value % 1000 // 10)
+    runtime = os.environ.get("CUDA_VERSION", "")
+    m = re.match(r"(\d+)\.(\d+)", runtime)
+    if m and int(m.group(1)) > driver[0]:
+        fail(
+            row,
+            f"CUDA driver version is insufficient for CUDA runtime version: the image's CUDA "
+            f"{runtime} on {host}, whose driver runs CUDA up to {driver[0]}.{driver[1]}",
+        )
+
+
 # --- checkpoints --------------------------------------------------------------------------
 
 
@@ -670,4 +715,7 @@ if __name__ == "__main__":
         mpi_rank()
     else:
         parts = {"save": save, "restore": restore, "allreduce": allreduce, "single": single_agent}
-        parts[hparams()["smoke"]]()
+        rows = {"save": "checkpoint-save", "restore": "checkpoint-restore", "allreduce": "allreduce"}
+        part = hparams()["smoke"]
+        cuda(rows.get(part, SINGLE_ROW))
+        parts[part]()
