@@ -6,9 +6,14 @@ its row red with the hint that fits it, and is repaired before the next (try/fin
    restore row is skipped (no checkpoint), the allreduce stays green.
 2. ib0 down on one agent (its node's IPoIB port, as `ip link set ib0 down` leaves it), with a
    third agent disabled so that the two-agent trial must use it: the allreduce row -> the
-   fabric hint ('AllReduce timeout').
+   fabric hint ('AllReduce timeout'); then the same node's /etc/hosts without the deploy's
+   block: its agent loses the master under the trial, and the row names the node and the name
+   its journal could not resolve -> the agent-resolve hint.
 3. A wrong secret key in the master's checkpoint storage (master.yaml, master restarted): the
    save row says SignatureDoesNotMatch -> the keys hint; a deploy repairs it.
+4. master.yaml's task defaults: the IPoIB port named for every trial (the single-agent row,
+   NCCL's error), then a CUDA 12.4 default image (every row, the CUDA runtime's words).
+5. Every slot busy: every row "not run: busy", no red cell.
 
 Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
 checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
@@ -30,6 +35,7 @@ from tests.verify.master_api import _http, _master_url, admin_token
 
 from .busy import every_slot_held
 from .conftest import run_verify
+from .test_day_two_lab import wait_registered
 
 SAVE, RESTORE, ALLREDUCE, SINGLE = (
     "test_smoke_trial_saves_a_checkpoint",
@@ -38,6 +44,7 @@ SAVE, RESTORE, ALLREDUCE, SINGLE = (
     "test_smoke_single_agent_allreduce",
 )
 MASTER_YAML = "/etc/determined/master.yaml"
+HOSTS_BACKUP = "/root/hosts.smoke-test"
 MINIO_ENV = "/etc/default/minio"
 OTHER_REGION = "lab-north-9"
 CUDA_124_IMAGE = "determinedai/pytorch-ngc:0.38.0"  # the lab registry's stand-in, CUDA 12.4
@@ -124,7 +131,10 @@ def _size(agent: dict) -> int:
     return len(agent.get("slots") or {})
 
 
-def test_ib0_down_on_one_agent(deployed, lab, lab_ssh, tmp_path):
+def test_ib0_down_then_hosts_lost_on_one_agent(deployed, lab, lab_ssh, tmp_path):
+    """The two-agent trial made to use one node (other nodes' agents of its size disabled), broken
+    two ways in turn: its IPoIB port down (the fabric hint), then its /etc/hosts without the
+    deploy's block (the agent's own resolver error, and the hint for it)."""
     broken = lab.agents[-1].hostname
     iface = lab.agents[-1].ipoib_interface
     node_of = sc.node_of_agent({a.hostname for a in lab.agents})
@@ -146,10 +156,31 @@ def test_ib0_down_on_one_agent(deployed, lab, lab_ssh, tmp_path):
             -4000:
         ]
         assert sc.FABRIC.symptom[:60] in matrix.replace("\\|", "|"), matrix
-    finally:
         lab_ssh(broken, f"ip link set {iface} up")
+
+        # The same node's /etc/hosts without the deploy's block, its agents still connected:
+        # the first time an agent dials the master again (a report, a reconnect) it cannot
+        # resolve master_host, and the master loses it under the trial. The row names the
+        # node and the name from the agent's own journal.
+        lab_ssh(
+            broken,
+            f"cp -p /etc/hosts {HOSTS_BACKUP} && sed -i '/BEGIN gpu-cluster/,/END gpu-cluster/d' /etc/hosts",
+        )
+        rows, matrix, out, _ = run_smoke(tmp_path, "hosts")
+        assert rows[ALLREDUCE] == "fail", out[-4000:]
+        shown = matrix.replace("\\|", "|")
+        assert f"the agent on {broken}" in out and f"lookup {lab.master_host}" in out, out[-4000:]
+        assert sc.AGENT_RESOLVE.symptom[:60] in shown, shown
+        # A row whose trial landed on another node is green; one on the broken node fails the same way.
+        assert out.count("lost its connection to the master") >= sum(r == "fail" for r in rows.values())
+    finally:
+        lab_ssh(
+            broken,
+            f"ip link set {iface} up && if [ -f {HOSTS_BACKUP} ]; then mv {HOSTS_BACKUP} /etc/hosts; fi",
+        )
         for agent_id in disabled:
             _set_enabled(lab, agent_id, True)
+        wait_registered(lab, lab.agents[-1], timeout=120)
     assert leftovers(lab) == []
 
 

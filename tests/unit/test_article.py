@@ -23,9 +23,16 @@ ENV = {
 }
 
 
+def pinned_prod_text(text: str, pin: str) -> str:
+    """The prod example with every pin an operator writes filled in: the sha256 nulls and the
+    task images' digests."""
+    text = text.replace(": null   # operator: pin it", f": {pin}")
+    return text.replace("-748dda4   # operator: pin it by digest", f"-748dda4@sha256:{pin}")
+
+
 def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "cluster.yaml"
-    path.write_text(PROD.read_text().replace(": null   # operator: pin it", f": {PIN}") + extra)
+    path.write_text(pinned_prod_text(PROD.read_text(), PIN) + extra)
     return path
 
 
@@ -91,5 +98,7 @@ def test_command_on_a_broken_file(tmp_path, capsys):
     path.write_text(PROD.read_text())  # sha256 not pinned
     assert main([str(path)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 7 and all(": not pinned: " in line for line in err)  # 2 keyrings, 2 OFED, 3 files
+    # 2 keyrings, 2 OFED distros, 3 files; the 2 task images' digests
+    assert len(err) == 9 and sum(": not pinned: " in line for line in err) == 7
+    assert sum(": has no digest: " in line for line in err) == 2
     assert main([]) == 2

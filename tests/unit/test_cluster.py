@@ -314,6 +314,15 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
             f"{f}: determined.admin_password: {{env: DET_ADMIN_PASSWORD}}: "
             "environment variable DET_ADMIN_PASSWORD is not set"
         ),
+        *(
+            f"{f}: determined.task_image.{kind}: '{ref}': has no digest: write "
+            f"name:tag@sha256:<digest> (`docker buildx imagetools inspect {ref}` or `skopeo inspect "
+            f"docker://{ref}` prints it)"
+            for kind, ref in (
+                ("gpu", "determinedai/environments:cuda-11.3-pytorch-1.12-tf-2.11-gpu-748dda4"),
+                ("cpu", "determinedai/environments:py-3.9-pytorch-1.12-tf-2.11-cpu-748dda4"),
+            )
+        ),
     ]
 
 
@@ -322,7 +331,9 @@ def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
     monkeypatch.setenv("DET_MINIO_SECRET_KEY", "det-minio-secret")
     monkeypatch.setenv("DET_DB_PASSWORD", "db-password")
     monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
-    c = load_cluster(write(tmp_path, PROD.read_text().replace(": null   # operator: pin it", f": {PIN}")))
+    from tests.unit.test_article import pinned_prod_text
+
+    c = load_cluster(write(tmp_path, pinned_prod_text(PROD.read_text(), PIN)))
     assert (c.master_host, str(c.master_node.address), c.master_port) == ("gpu-master", "192.168.1.10", 23457)
     assert [(a.hostname, str(a.address), a.slots) for a in c.agents] == [
         ("gpu-node1", "192.168.1.11", 8),

@@ -160,7 +160,8 @@ def test_pyinfra_with_prod_inventory_from_another_directory(tmp_path):
     problems = [
         line for line in run.stderr.splitlines() if line.startswith(f"{REPO}/inventories/prod/cluster.yaml: ")
     ]
-    assert len(problems) == 12  # 7 pins (2 keyrings, 2 OFED distros), 4 secrets, the summary line
+    # 7 pins (2 keyrings, 2 OFED distros), 4 secrets, 2 image digests, the summary line
+    assert len(problems) == 14
     assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[10]
     assert "Traceback" not in output and "Connecting" not in output
 

@@ -889,3 +889,53 @@ def test_debian_layer_lands_in_merged_usr_and_is_reproducible(tmp_path, monkeypa
     assert registry.write_layer("d2", registry.fill_debs(debs)).digest == layer.digest
     config = json.loads(registry.image_config(registry.IMAGES[0], [layer, layer, layer]))
     assert len(config["history"]) == len(config["rootfs"]["diff_ids"]) == 3
+
+
+# --- an agent lost under the trial: the cause from its journal --------------------------------
+
+# The lab agent's journal as `journalctl -o cat` prints it (logrus with colours, as
+# Determined's agent logs by default), after /etc/hosts lost the master's name.
+AGENT_JOURNAL = (
+    "\x1b[36mINFO\x1b[0m[2026-12-02T02:29:56Z] connecting to master at: ws://lab-master:23457/agents"
+    "?id=lab-gpu3  \x1b[36mcomponent\x1b[0m=agent\n"
+    "\x1b[33mWARN\x1b[0m[2026-12-02T02:31:39Z] cannot report a container state               "
+    '\x1b[33mcontainer\x1b[0m=a2e7 \x1b[33merror\x1b[0m="dial tcp: lookup lab-master on '
+    '10.255.255.53:53: server misbehaving"\n'
+    "\x1b[33mWARN\x1b[0m[2026-12-02T02:34:57Z] failed to reconnect to master                 "
+    '\x1b[33mcomponent\x1b[0m=agent \x1b[33merror\x1b[0m="error dialing master: dial tcp: lookup '
+    'lab-master on 10.255.255.53:53: server misbehaving"\n'
+)
+
+
+def test_lost_agent_and_its_journal_error():
+    assert (
+        sc.lost_agent(["Scheduling Trial 7", "container 7691 lost with agent lab-gpu3-1", "x"])
+        == "lab-gpu3-1"
+    )
+    assert sc.lost_agent(["container 7691 exited with code 0"]) is None
+    assert sc.agent_error(AGENT_JOURNAL) == (
+        "error dialing master: dial tcp: lookup lab-master on 10.255.255.53:53: server misbehaving"
+    )
+    assert (
+        sc.agent_error('INFO[...] ok component=agent\nERRO[...] x error="a \\"quoted\\" b"\n')
+        == 'a "quoted" b'
+    )
+    assert sc.agent_error("INFO connecting\n") is None
+
+
+def test_lost_agent_lines_and_hints():
+    resolved = sc.lost_line("lab-gpu3", "lab-gpu3", sc.agent_error(AGENT_JOURNAL))
+    assert resolved == (
+        "the agent on lab-gpu3 lost its connection to the master during the trial: its journal says "
+        "error dialing master: dial tcp: lookup lab-master on 10.255.255.53:53: server misbehaving"
+    )
+    assert sc.failure_hint(smoke.ALLREDUCE, resolved) == sc.AGENT_RESOLVE
+    # A journal error that reads like S3's or the fabric's is still the agent's.
+    refused = sc.lost_line("lab-gpu2-1", "lab-gpu2", "dial tcp 10.77.0.10:23457: connect: connection refused")
+    assert refused.startswith("the agent on lab-gpu2 (agent lab-gpu2-1) lost its connection")
+    assert sc.failure_hint(smoke.SAVE, refused) == sc.AGENT_LOST
+    unread = sc.lost_line("lab-gpu3", None, None)
+    assert (
+        unread.endswith("(its journal names no error)")
+        and sc.failure_hint(smoke.SINGLE, unread) == sc.AGENT_LOST
+    )

@@ -247,6 +247,18 @@ COLLECTIVE = Hint(
     "the mpirun or Gloo error in the detail; the task image's Open MPI / torch; the container's "
     "loopback and eth0 (`docker run --rm IMAGE ip addr` on the agent named in the detail)",
 )
+LOST_DURING = "lost its connection to the master during the trial"  # lost_line's words
+AGENT_RESOLVE = Hint(
+    "an agent cannot resolve the master's name (master_host in its agent.yaml): it lost the "
+    "master under the trial and cannot reconnect",
+    "/etc/hosts on the node named in the detail: the deploy's managed block names every node "
+    "(`getent hosts MASTER_HOST` there); then " + REDEPLOY,
+)
+AGENT_LOST = Hint(
+    "an agent lost its connection to the master while the trial ran on it",
+    "`journalctl -u 'determined-agent*'` on the node named in the detail; the master's port "
+    "from that node (`curl http://MASTER:PORT/info`)",
+)
 CUDA = Hint(
     "CUDA does not start in the trial's container: the task image's CUDA needs a newer driver "
     "than the agents run, or the driver is not ready (fabric manager, module and library differ)",
@@ -319,6 +331,8 @@ def failure_hint(kind: str, line: str) -> Hint:
     """The hint that fits what a smoke row's failure says (its SMOKE-FAIL line, verify's own
     line when the trial said nothing, or the container's first error line)."""
     area = AREAS[kind]
+    if LOST_DURING in line:  # first: the agent's journal error may read like the trial's own
+        return AGENT_RESOLVE if "lookup " in line.partition(LOST_DURING)[2] else AGENT_LOST
     for areas, needles, hint in _RULES:
         if area in areas and any(n in line for n in needles):
             return hint
@@ -383,6 +397,41 @@ def container_cause(entries: list) -> Cause | None:
         if rows[i].get("level") in ("LOG_LEVEL_ERROR", "LOG_LEVEL_CRITICAL") or _GENERIC.search(text):
             return Cause(text.strip(), rows[i].get("agentId"))
     return None
+
+
+# The master's line when an agent's connection ended under a running container (the lab's
+# master: "container <id> lost with agent <agent id>"); the container's own log stops there,
+# since its agent shipped it: the cause is in the agent's journal on its node.
+_LOST = re.compile(r"\blost with agent (\S+)")
+# The agent's own error lines (logrus, as the Go agent logs: `error="..."`).
+# logrus colours its keys on a terminal and wherever log.color is on (Determined's default).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_AGENT_ERROR = re.compile(r'error="((?:[^"\\]|\\.)*)"')
+
+
+def lost_agent(messages: list[str]) -> str | None:
+    """The agent whose connection the master lost under the trial's container, if any."""
+    for message in messages:
+        m = _LOST.search(message)
+        if m:
+            return m.group(1)
+    return None
+
+
+def agent_error(journal: str) -> str | None:
+    """The agent's last error in its journal lines (`error="..."`), None if none."""
+    found = None
+    for line in journal.splitlines():
+        m = _AGENT_ERROR.search(_ANSI.sub("", line))
+        if m:
+            found = m.group(1).replace('\\"', '"')
+    return found
+
+
+def lost_line(agent: str, node: str | None, error: str | None) -> str:
+    where = f"{node} (agent {agent})" if node and node != agent else agent
+    said = f": its journal says {error}" if error else " (its journal names no error)"
+    return f"the agent on {where} {LOST_DURING}{said}"
 
 
 def crash_line(cause: Cause, node_of) -> str:
@@ -526,10 +575,13 @@ class Smoke:
     """Submit, poll and judge the smoke experiments; `run()` returns {kind: Row} and always
     ends every experiment it submitted and removes the checkpoint objects (`cleanup`)."""
 
-    def __init__(self, api: Api, target: Target, run_id: str, remove_prefix, node_of):
+    def __init__(self, api: Api, target: Target, run_id: str, remove_prefix, node_of, journal=None):
         self.api, self.target, self.run_id = api, target, run_id
         self.remove_prefix = remove_prefix  # callable(prefix) -> str: what the cleanup removed
         self.node_of = node_of  # agent id -> this cluster's node, or None
+        # node -> its agents' recent journal lines, or None (could not read): where a lost
+        # agent's cause is, since its container's log ended with the agent's connection.
+        self.journal = journal
         self.rows = {kind: Row(kind) for kind in smoke.KINDS}
         self.slots: dict[str, int | None] = {}
         self.submitted: list[int] = []
@@ -602,8 +654,15 @@ class Smoke:
             self.saved_uuid = said.uuid or self.saved_uuid
             return
         cause = container_cause(entries) if said is None else None
+        # Also after a verdict of success: rank 0 may have finished before another container's
+        # agent was lost, and the experiment then ended in error.
+        lost = lost_agent(messages)
         if said is not None and not said.ok:
             line = said.line
+        elif lost is not None:
+            node = self.node_of(lost)
+            text = self.journal(node) if self.journal is not None and node else None
+            line = lost_line(lost, node, agent_error(text) if text else None)
         elif state not in TERMINAL:
             trial_states = {str(t.get("state")) for t in trials}
             if trial_states <= {"STATE_QUEUED"}:

@@ -85,6 +85,25 @@ def remover(cluster):
     return remove
 
 
+# The agents' last lines (the last ten minutes: a smoke run takes far less). No priority filter:
+# the agent logs to stderr, which journald records at info.
+AGENT_JOURNAL = "journalctl -q --no-pager -o cat --since -10min -u 'determined-agent*' | tail -n 40"
+
+
+def journal(cluster, request):
+    """node -> its agents' recent journal lines over verify's own SSH, or None when it cannot be
+    read (the node is down: its cells already say so)."""
+
+    def read(hostname: str) -> str | None:
+        try:
+            host = request.getfixturevalue("host_of")(cluster.node(hostname))
+            return host.run(AGENT_JOURNAL).stdout
+        except Exception:  # a cause not found is no new failure: the row says so
+            return None
+
+    return read
+
+
 @pytest.fixture(scope="session")
 def smoke_run(request, pytestconfig, cluster):
     """The four rows, run once (all four checks are in one xdist group: conftest.py)."""
@@ -97,7 +116,7 @@ def smoke_run(request, pytestconfig, cluster):
     run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     api = Api(_master_url(cluster), admin_token(cluster))
     node_of = node_of_agent({n.hostname for n in cluster.agents})
-    runner = Smoke(api, target, run_id, remover(cluster), node_of)
+    runner = Smoke(api, target, run_id, remover(cluster), node_of, journal(cluster, request))
     rows = runner.run()
     return runner, rows
 
