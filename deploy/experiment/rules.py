@@ -111,54 +111,62 @@ def _names_fabric_in_bridge(value: str, config: dict, target: Target) -> bool:
     )
 
 
-def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
+def storage_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    """checkpoint_storage: no region key, S3 only, this cluster's bucket and endpoint."""
     found: list[Problem] = []
     storage = config.get("checkpoint_storage")
-    if isinstance(storage, dict):
-        if "region" in storage:
-            found.append(
-                Problem(
-                    f,
-                    "checkpoint_storage.region",
-                    storage["region"],
-                    "Determined's s3 storage has no region key (the master refuses the experiment); "
-                    f"remove it: trial containers get AWS_DEFAULT_REGION={target.region} from master.yaml, "
-                    "set AWS_DEFAULT_REGION under environment.environment_variables to override it",
-                )
+    if not isinstance(storage, dict):
+        return found
+    if "region" in storage:
+        found.append(
+            Problem(
+                f,
+                "checkpoint_storage.region",
+                storage["region"],
+                "Determined's s3 storage has no region key (the master refuses the experiment); "
+                f"remove it: trial containers get AWS_DEFAULT_REGION={target.region} from master.yaml, "
+                "set AWS_DEFAULT_REGION under environment.environment_variables to override it",
             )
-        if storage.get("type") not in (None, "s3"):
-            found.append(
-                Problem(
-                    f,
-                    "checkpoint_storage.type",
-                    storage.get("type"),
-                    "this cluster stores checkpoints on its MinIO over S3: use type: s3, "
-                    f"bucket: {target.bucket}",
-                )
+        )
+    if storage.get("type") not in (None, "s3"):
+        found.append(
+            Problem(
+                f,
+                "checkpoint_storage.type",
+                storage.get("type"),
+                "this cluster stores checkpoints on its MinIO over S3: use type: s3, "
+                f"bucket: {target.bucket}",
             )
-        else:
-            bucket, endpoint = storage.get("bucket"), storage.get("endpoint_url")
-            if bucket is not None and bucket != target.bucket:
-                found.append(
-                    Problem(
-                        f,
-                        "checkpoint_storage.bucket",
-                        bucket,
-                        f"not this cluster's bucket: MinIO has {target.bucket!r} (storage.bucket); "
-                        "write that, or leave the key out to use the master's",
-                    )
-                )
-            if endpoint is not None and str(endpoint).rstrip("/") != target.endpoint_url:
-                found.append(
-                    Problem(
-                        f,
-                        "checkpoint_storage.endpoint_url",
-                        endpoint,
-                        f"not this cluster's MinIO as trial containers reach it: write {target.endpoint_url} "
-                        "(a hostname from /etc/hosts does not resolve in bridge-network containers), "
-                        "or leave the key out to use the master's",
-                    )
-                )
+        )
+        return found
+    bucket, endpoint = storage.get("bucket"), storage.get("endpoint_url")
+    if bucket is not None and bucket != target.bucket:
+        found.append(
+            Problem(
+                f,
+                "checkpoint_storage.bucket",
+                bucket,
+                f"not this cluster's bucket: MinIO has {target.bucket!r} (storage.bucket); "
+                "write that, or leave the key out to use the master's",
+            )
+        )
+    if endpoint is not None and str(endpoint).rstrip("/") != target.endpoint_url:
+        found.append(
+            Problem(
+                f,
+                "checkpoint_storage.endpoint_url",
+                endpoint,
+                f"not this cluster's MinIO as trial containers reach it: write {target.endpoint_url} "
+                "(a hostname from /etc/hosts does not resolve in bridge-network containers), "
+                "or leave the key out to use the master's",
+            )
+        )
+    return found
+
+
+def environment_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    """environment_variables: no socket interface a bridge-network trial lacks, MinIO's region."""
+    found: list[Problem] = []
     env = get(config, "environment", "environment_variables")
     lists = env.values() if isinstance(env, dict) else [env]
     for values in lists:
@@ -187,65 +195,78 @@ def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
                         "the region is wrong); remove it",
                     )
                 )
-    if (
-        "gpu_affinity" in config
-        or isinstance(config.get("resources"), dict)
-        and "gpu_affinity" in config["resources"]
-    ):
-        key = "gpu_affinity" if "gpu_affinity" in config else "resources.gpu_affinity"
+    return found
+
+
+def affinity_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    """gpu_affinity is no Determined key (the article's advice): per_domain agents do that."""
+    resources = config.get("resources")
+    if "gpu_affinity" not in config and not (isinstance(resources, dict) and "gpu_affinity" in resources):
+        return []
+    key = "gpu_affinity" if "gpu_affinity" in config else "resources.gpu_affinity"
+    return [
+        Problem(
+            f,
+            key,
+            get(config, *key.split(".")),
+            "Determined has no gpu_affinity (the master refuses the experiment); remove it: on this "
+            "cluster an agent_layout: per_domain agent keeps a trial inside one NVLink domain",
+        )
+    ]
+
+
+def slots_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    """slots_per_trial against the agents (fit), one agent, one NVLink domain; the batch split."""
+    found: list[Problem] = []
+    slots = integer(get(config, "resources", "slots_per_trial"))
+    if slots is None or slots <= 1:
+        return found
+    found += fit(f, slots, target)
+    if slots > target.agent_slots:
         found.append(
             Problem(
                 f,
-                key,
-                get(config, *key.split(".")),
-                "Determined has no gpu_affinity (the master refuses the experiment); remove it: on this "
-                "cluster an agent_layout: per_domain agent keeps a trial inside one NVLink domain",
+                "resources.slots_per_trial",
+                slots,
+                warning=True,
+                what=(
+                    f"more than one agent's {target.agent_slots} slots: the trial spans agents and its "
+                    "collectives cross the IPoIB fabric; use at most that many unless the model "
+                    "needs more"
+                ),
             )
         )
-
-    slots = integer(get(config, "resources", "slots_per_trial"))
-    if slots is not None and slots > 1:
-        found += fit(f, slots, target)
-        if slots > target.agent_slots:
+    elif target.nvlink_slots is not None and slots > target.nvlink_slots:
+        found.append(
+            Problem(
+                f,
+                "resources.slots_per_trial",
+                slots,
+                warning=True,
+                what=(
+                    f"more than the largest NVLink domain every agent node has ({target.nvlink_slots}): "
+                    f"collectives cross PCIe; use at most {target.nvlink_slots}"
+                ),
+            )
+        )
+    for size in _batch_sizes(get(config, "hyperparameters", "global_batch_size")):
+        if size % slots:
             found.append(
                 Problem(
                     f,
-                    "resources.slots_per_trial",
-                    slots,
-                    warning=True,
-                    what=(
-                        f"more than one agent's {target.agent_slots} slots: the trial spans agents and its "
-                        "collectives cross the IPoIB fabric; use at most that many unless the model "
-                        "needs more"
-                    ),
+                    "hyperparameters.global_batch_size",
+                    size,
+                    f"not divisible by slots_per_trial {slots}: it is the batch of all ranks together, "
+                    f"each rank gets {size // slots} and {size % slots} record(s) are lost per step; "
+                    f"use a multiple of {slots} (e.g. {(size // slots + 1) * slots})",
                 )
             )
-        elif target.nvlink_slots is not None and slots > target.nvlink_slots:
-            found.append(
-                Problem(
-                    f,
-                    "resources.slots_per_trial",
-                    slots,
-                    warning=True,
-                    what=(
-                        f"more than the largest NVLink domain every agent node has ({target.nvlink_slots}): "
-                        f"collectives cross PCIe; use at most {target.nvlink_slots}"
-                    ),
-                )
-            )
-        for size in _batch_sizes(get(config, "hyperparameters", "global_batch_size")):
-            if size % slots:
-                found.append(
-                    Problem(
-                        f,
-                        "hyperparameters.global_batch_size",
-                        size,
-                        f"not divisible by slots_per_trial {slots}: it is the batch of all ranks together, "
-                        f"each rank gets {size // slots} and {size % slots} record(s) are lost per step; "
-                        f"use a multiple of {slots} (e.g. {(size // slots + 1) * slots})",
-                    )
-                )
+    return found
 
+
+def image_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    """environment.image: a CUDA the pinned driver runs."""
+    found: list[Problem] = []
     image = get(config, "environment", "image")
     refs = image.items() if isinstance(image, dict) else [("", image)]
     for kind, ref in refs:
@@ -255,3 +276,11 @@ def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
                 key = f"environment.image.{kind}" if kind else "environment.image"
                 found.append(Problem(f, key, ref, f"{why}; use the pinned {target.image_gpu}"))
     return found
+
+
+# The rules an experiment meets on this cluster, in the order their problems are listed.
+CLUSTER_RULES = (storage_rules, environment_rules, affinity_rules, slots_rules, image_rules)
+
+
+def cluster_rules(f: str, config: dict, target: Target) -> list[Problem]:
+    return [problem for rule in CLUSTER_RULES for problem in rule(f, config, target)]
