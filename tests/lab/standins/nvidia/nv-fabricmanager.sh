@@ -35,9 +35,15 @@ if [ "$switches" = 0 ]; then
 fi
 mkdir -p "$(dirname "$PID_FILE")"
 echo Completed > "$RUN_DIR/fabric-state"
+# The daemon writes its own pid once its TERM trap is set, and the parent returns only then
+# (systemd's Type=forking reads PIDFile= when the parent exits): a stop right after the start
+# must find the trap, or the fabric would stay "Completed" with no fabric manager.
+rm -f "$PID_FILE"
 (
   trap 'echo "Not Started" > "$RUN_DIR/fabric-state"; exit 0' TERM INT
+  # $(exec sh ...) runs sh in place of the substitution's fork: its parent is this subshell.
+  echo "$(exec sh -c 'echo "$PPID"')" > "$PID_FILE"
   while :; do sleep 3600 & wait $!; done
 ) </dev/null >/dev/null 2>&1 &
-echo $! > "$PID_FILE"
+while [ ! -s "$PID_FILE" ]; do sleep 0.05; done
 exit 0
