@@ -337,33 +337,29 @@ def mpi_error(text):
     return lines[-1] if lines else "no output"
 
 
-def chief(addrs, ifname):
-    row = "allreduce"
-    deadline = time.monotonic() + SSHD_WAIT
-    for i, addr in enumerate(addrs[1:], 1):
-        error = reachable(addr, deadline)
-        if error is not None:
-            fail(
-                row,
-                f"AllReduce timeout: the sshd of container {i} at {addr}:{SSH_PORT} is not reachable "
-                f"in {SSHD_WAIT}s: {error}",
-            )
+# TCP between the ranks (no verbs in a container without RDMA libraries' devices: the lab's;
+# no shared-memory single-copy in a container without CAP_SYS_PTRACE), and none of the PSM/OFI
+# transports Debian's build also carries.
+MPI_TRANSPORT = ["-mca", "pml", "ob1", "-mca", "btl", "self,tcp", "-mca", "mtl", "^psm,psm2,ofi"]
+
+
+def mpirun_or_fail(row):
     mpirun = shutil.which("mpirun") or shutil.which("mpirun.openmpi")
     if mpirun is None:
         fail(row, "mpirun is not in the image (openmpi-bin)")
-    ssh = (
-        f"-p {SSH_PORT} -i {SSH_DIR}/id_rsa -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-        "-o BatchMode=yes -o ConnectTimeout=10 -o LogLevel=ERROR"
-    )
-    command = [mpirun, "--allow-run-as-root", "-np", str(len(addrs))]
-    command += ["-H", ",".join(f"{a}:1" for a in addrs), "--bind-to", "none", "--map-by", "slot"]
-    command += ["-wdir", "/tmp", "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args", ssh]
-    # TCP between the ranks (no verbs in a container without RDMA libraries' devices: the
-    # lab's), and none of the PSM/OFI transports Debian's build also carries.
-    command += ["-mca", "pml", "ob1", "-mca", "btl", "self,tcp", "-mca", "mtl", "^psm,psm2,ofi"]
-    if ifname:  # horovodrun --network-interface: MPI's byte and out-of-band traffic on the fabric
-        command += ["-mca", "btl_tcp_if_include", ifname, "-mca", "oob_tcp_if_include", ifname]
-    command += [
+    return mpirun
+
+
+def run_mpirun(row, command, ifnames, ranks, timed_out, exited):
+    """mpirun `command` (its options; the ranks run this file with SMOKE_MPI_RANK=1) on
+    `ifnames` (MPI's byte and out-of-band traffic, as horovodrun --network-interface sets them),
+    within MPI_TIMEOUT; fails the row with timed_out(error) / exited(status, error) and mpirun's
+    line that says what broke, or checks the ranks' sum. Returns the allreduced sum."""
+    if ifnames:
+        joined = ",".join(ifnames)
+        command = [*command, "-mca", "btl_tcp_if_include", joined, "-mca", "oob_tcp_if_include", joined]
+    command = [
+        *command,
         "-x",
         "SMOKE_MPI_RANK=1",
         "-x",
@@ -378,19 +374,46 @@ def chief(addrs, ifname):
             x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
         )
         print(output, flush=True)
-        fail(
-            row,
-            f"AllReduce timeout: mpirun over {ifname} did not finish in {MPI_TIMEOUT}s ({mpi_error(output)})",
-        )
+        fail(row, timed_out(mpi_error(output)))
     print(run.stdout + run.stderr, flush=True)
     if run.returncode != 0:
-        fail(row, f"mpirun over {ifname} exited {run.returncode}: {mpi_error(run.stdout + run.stderr)}")
+        fail(row, exited(run.returncode, mpi_error(run.stdout + run.stderr)))
     result = read_json(RESULT)
-    if result["sum"] != result["expected"] or result["size"] != len(addrs):
+    if result["sum"] != result["expected"] or result["size"] != ranks:
         fail(row, f"allreduce of {result['size']} ranks gave {result['sum']}, expected {result['expected']}")
+    return result["sum"]
+
+
+def chief(addrs, ifname):
+    row = "allreduce"
+    deadline = time.monotonic() + SSHD_WAIT
+    for i, addr in enumerate(addrs[1:], 1):
+        error = reachable(addr, deadline)
+        if error is not None:
+            fail(
+                row,
+                f"AllReduce timeout: the sshd of container {i} at {addr}:{SSH_PORT} is not reachable "
+                f"in {SSHD_WAIT}s: {error}",
+            )
+    mpirun = mpirun_or_fail(row)
+    ssh = (
+        f"-p {SSH_PORT} -i {SSH_DIR}/id_rsa -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        "-o BatchMode=yes -o ConnectTimeout=10 -o LogLevel=ERROR"
+    )
+    command = [mpirun, "--allow-run-as-root", "-np", str(len(addrs))]
+    command += ["-H", ",".join(f"{a}:1" for a in addrs), "--bind-to", "none", "--map-by", "slot"]
+    command += ["-wdir", "/tmp", "-mca", "plm_rsh_agent", "ssh", "-mca", "plm_rsh_args", ssh, *MPI_TRANSPORT]
+    total = run_mpirun(
+        row,
+        command,
+        [ifname] if ifname else [],
+        len(addrs),
+        lambda error: f"AllReduce timeout: mpirun over {ifname} did not finish in {MPI_TIMEOUT}s ({error})",
+        lambda status, error: f"mpirun over {ifname} exited {status}: {error}",
+    )
     say(
         f"SMOKE-OK {row}: {len(addrs)} ranks on {','.join(addrs)} over {ifname} with Open MPI "
-        f"(mpi4py): sum {result['sum']}"
+        f"(mpi4py): sum {total}"
     )
 
 
@@ -591,63 +614,24 @@ def single_agent():
 
 def single_mpi(ranks, ifnames):
     row = SINGLE_ROW
-    mpirun = shutil.which("mpirun") or shutil.which("mpirun.openmpi")
-    if mpirun is None:
-        fail(row, "mpirun is not in the image (openmpi-bin)")
+    mpirun = mpirun_or_fail(row)
     # One rank per slot; --oversubscribe: the container may have fewer cores than slots.
     command = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "--bind-to", "none"]
-    # TCP between the ranks, as the two-agent row (no shared-memory single-copy in a container
-    # without CAP_SYS_PTRACE), on the interfaces the collective was told to use.
-    command += [
-        "-wdir",
-        "/tmp",
-        "-mca",
-        "pml",
-        "ob1",
-        "-mca",
-        "btl",
-        "self,tcp",
-        "-mca",
-        "mtl",
-        "^psm,psm2,ofi",
-    ]
-    if ifnames:
-        joined = ",".join(ifnames)
-        command += ["-mca", "btl_tcp_if_include", joined, "-mca", "oob_tcp_if_include", joined]
-    command += [
-        "-x",
-        "SMOKE_MPI_RANK=1",
-        "-x",
-        "PYTHONUNBUFFERED=1",
-        sys.executable,
-        os.path.abspath(__file__),
-    ]
+    command += ["-wdir", "/tmp", *MPI_TRANSPORT]
     over = ",".join(ifnames) if ifnames else "the interfaces Open MPI picks"
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=MPI_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired as e:
-        output = "".join(
-            x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
-        )
-        print(output, flush=True)
-        fail(
-            row,
-            f"AllReduce timeout: {ranks} ranks over {over} did not finish in {MPI_TIMEOUT}s "
-            f"({mpi_error(output)})",
-        )
-    print(run.stdout + run.stderr, flush=True)
-    if run.returncode != 0:
-        fail(
-            row,
-            f"mpirun of {ranks} ranks over {over} exited {run.returncode}: "
-            f"{mpi_error(run.stdout + run.stderr)}",
-        )
-    result = read_json(RESULT)
-    if result["sum"] != result["expected"] or result["size"] != ranks:
-        fail(row, f"allreduce of {result['size']} ranks gave {result['sum']}, expected {result['expected']}")
+    total = run_mpirun(
+        row,
+        command,
+        ifnames,
+        ranks,
+        lambda error: (
+            f"AllReduce timeout: {ranks} ranks over {over} did not finish in {MPI_TIMEOUT}s ({error})"
+        ),
+        lambda status, error: f"mpirun of {ranks} ranks over {over} exited {status}: {error}",
+    )
     say(
         f"SMOKE-OK {row}: {ranks} ranks on {socket.gethostname()} over {over} with Open MPI "
-        f"(mpi4py): sum {result['sum']}"
+        f"(mpi4py): sum {total}"
     )
 
 
