@@ -360,79 +360,67 @@ def sha256(m: Map, key: str, artifact: str) -> str | None:
     return None
 
 
-MOFED_DISTRO = re.compile(r"(ubuntu[0-9]{2}\.[0-9]{2}|debian[0-9]{1,2}|rhel[0-9]\.[0-9]{1,2})", re.ASCII)
+@dataclass(frozen=True)
+class PinMap:
+    """`{<name>: <sha256>}`: one pin per file of a download that differs per name (an OS's
+    repo folder, a distro), with the words its problems use."""
+
+    keys: re.Pattern
+    shape: str  # "must map ..."
+    key_rule: str  # "keys must be ..."
+    unpinned: str  # "not pinned: ..."
+
+    def read(self, r: Reader, path: str, v: Any) -> tuple[tuple[str, str], ...] | None:
+        """The pins, or None after a problem (each named by its key)."""
+        if not isinstance(v, dict) or not v:
+            r.bad(path, v, self.shape)
+            return None
+        pins = []
+        for name, digest in v.items():
+            if not isinstance(name, str) or not self.keys.fullmatch(name):
+                r.bad(path, name, self.key_rule)
+            elif digest is None:
+                r.bad(join(path, name), digest, self.unpinned)
+            elif not (isinstance(digest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
+                r.bad(
+                    join(path, name),
+                    digest,
+                    "must be 64 hexadecimal characters (the output of `sha256sum FILE`)",
+                )
+            else:
+                pins.append((name, digest.lower()))
+        return tuple(pins) if len(pins) == len(v) else None
 
 
-def distro_pins(m: Map, key: str, artifact: str) -> tuple[tuple[str, str], ...] | None:
-    """Pins of a file that differs per distro, `{ubuntu20.04: <sha256>, ...}` (MLNX_OFED's
-    names for its tarballs' distros); None after a problem."""
-    v = m.raw(key)
-    path = m.key(key)
-    if not v:
-        m.r.bad(
-            path, v, f"must map distros to the sha256 of their {artifact}, like {{ubuntu22.04: <sha256>}}"
-        )
-        return None
-    pins = []
-    for distro, digest in v.items():
-        if not isinstance(distro, str) or not MOFED_DISTRO.fullmatch(distro):
-            m.r.bad(
-                path,
-                distro,
-                "keys must be distros as the file names them, like ubuntu20.04, ubuntu22.04, debian12",
-            )
-        elif digest is None:
-            m.r.bad(
-                join(path, distro),
-                digest,
-                f"not pinned: write the sha256 of that distro's {artifact} here (`sha256sum FILE`)",
-            )
-        elif not (isinstance(digest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
-            m.r.bad(
-                join(path, distro),
-                digest,
-                "must be 64 hexadecimal characters (the output of `sha256sum FILE`)",
-            )
-        else:
-            pins.append((distro, digest.lower()))
-    return tuple(pins) if len(pins) == len(v) else None
+MOFED_PINS = PinMap(
+    re.compile(r"(ubuntu[0-9]{2}\.[0-9]{2}|debian[0-9]{1,2}|rhel[0-9]\.[0-9]{1,2})", re.ASCII),
+    "must map distros to the sha256 of their MLNX_OFED tarball, like {ubuntu22.04: <sha256>}",
+    "keys must be distros as the file names them, like ubuntu20.04, ubuntu22.04, debian12",
+    "not pinned: write the sha256 of that distro's MLNX_OFED tarball here (`sha256sum FILE`)",
+)
+
+
+def distro_pins(m: Map, key: str) -> tuple[tuple[str, str], ...] | None:
+    """MLNX_OFED's pins per distro, `{ubuntu20.04: <sha256>, ...}` (the names its tarballs carry)."""
+    return MOFED_PINS.read(m.r, m.key(key), m.raw(key))
 
 
 NVIDIA_REPO_FOLDER = re.compile(r"(ubuntu|debian|rhel|sles)[0-9]{2,4}", re.ASCII)
+
+
+KEYRING_PINS = PinMap(
+    NVIDIA_REPO_FOLDER,
+    "must map repo folders to the sha256 of their cuda-keyring .deb, like {ubuntu2204: <sha256>}",
+    "keys must be NVIDIA's repo folder names, like ubuntu2004, ubuntu2204, debian12",
+    "not pinned: write the sha256 of that folder's cuda-keyring .deb here (`sha256sum FILE`)",
+)
 
 
 @check("`{<repo folder>: sha256}`, folders like `ubuntu2204`, `debian12`")
 def keyring_pins(r: Reader, path: str, v: Any) -> tuple[tuple[str, str], ...] | None:
     """One pin per CUDA repo folder: NVIDIA's cuda-keyring .deb differs per folder (each
     carries its folder's sources list)."""
-    if not isinstance(v, dict) or not v:
-        r.bad(
-            path,
-            v,
-            "must map repo folders to the sha256 of their cuda-keyring .deb, like {ubuntu2204: <sha256>}",
-        )
-        return None
-    pins = []
-    for folder, digest in v.items():
-        if not isinstance(folder, str) or not NVIDIA_REPO_FOLDER.fullmatch(folder):
-            r.bad(
-                path, folder, "keys must be NVIDIA's repo folder names, like ubuntu2004, ubuntu2204, debian12"
-            )
-        elif digest is None:
-            r.bad(
-                join(path, folder),
-                digest,
-                "not pinned: write the sha256 of that folder's cuda-keyring .deb here (`sha256sum FILE`)",
-            )
-        elif not (isinstance(digest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", digest)):
-            r.bad(
-                join(path, folder),
-                digest,
-                "must be 64 hexadecimal characters (the output of `sha256sum FILE`)",
-            )
-        else:
-            pins.append((folder, digest.lower()))
-    return tuple(pins) if len(pins) == len(v) else None
+    return KEYRING_PINS.read(r, path, v)
 
 
 RESERVED_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "broadcasthost")

@@ -196,7 +196,7 @@ def _sources(top: Map) -> Sources:
             what=f"where to download the {spec.what}",
         )
         if "distro" in spec.placeholders and isinstance(a.raw("sha256"), dict):
-            per_distro = checks.distro_pins(a, "sha256", spec.what)
+            per_distro = checks.distro_pins(a, "sha256")
             values[name] = Artifact(url=url, sha256="", per_distro=per_distro or ())
             continue
         pin: Any = checks.sha256(a, "sha256", spec.what)  # None after a problem: no Cluster then

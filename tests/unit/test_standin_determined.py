@@ -232,10 +232,13 @@ def write_fake_nvidia_smi(bin_dir: Path) -> None:
 
 
 class FakeDocker:
-    """A Docker engine socket that answers what the agent asks: /_ping and containers/json."""
+    """A Docker engine socket that answers what the agent asks: /_ping, containers/json and a
+    pull (POST /images/create, its progress lines); every request is kept in `seen`."""
 
     def __init__(self, path: Path):
         self.path = path
+        seen: list[tuple[str, str]] = []
+        self.seen = seen
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -246,7 +249,16 @@ class FakeDocker:
             def address_string(self):
                 return "docker-client"
 
+            def do_POST(self):
+                seen.append(("POST", self.path))
+                body = b'{"status":"Pulling"}\n{"status":"Digest: sha256:0"}\n'
+                self.send_response(200 if self.path.startswith("/v1.41/images/create?") else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_GET(self):
+                seen.append(("GET", self.path))
                 if self.path == "/_ping":
                     body, headers = b"OK", {"API-Version": "1.41", "Content-Type": "text/plain"}
                 elif self.path.startswith("/v1.41/containers/json"):
@@ -1105,55 +1117,15 @@ def test_master_runs_an_experiment_through_the_agent_protocol(tmp_path, postgres
 def test_agent_pulls_an_absent_image_with_post_images_create(tmp_path, monkeypatch):
     """A tag the node does not have is pulled as the Docker client's ImagePull does: POST
     /images/create?fromImage=NAME&tag=TAG (a GET there is Docker's 404 "page not found")."""
-    seen: list[tuple[str, str]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def address_string(self):
-            return "docker-client"
-
-        def _answer(self, status: int, body: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            seen.append(("GET", self.path))
-            if self.path == "/_ping":
-                self.send_response(200)
-                self.send_header("API-Version", "1.41")
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"OK")
-            elif "/json" in self.path:
-                self._answer(404, b'{"message":"No such image"}')
-            else:
-                self._answer(404, b'{"message":"page not found"}')
-
-        def do_POST(self):
-            seen.append(("POST", self.path))
-            self._answer(200, b'{"status":"Pulling"}\n{"status":"Digest: sha256:0"}\n')
-
-    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-        daemon_threads = True
-
-    sock = tmp_path / "docker.sock"
-    server = Server(str(sock), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    docker = FakeDocker(tmp_path / "docker.sock")
     try:
-        monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{docker.path}")
         agent = load(AGENT)
         runtime = agent.Runtime({"agent_id": "a"}, None, {"master_info": {}})
         runtime.pull(agent.Docker(), "10.77.0.1:5000/determinedai/pytorch-ngc:0.38.0", False)
     finally:
-        server.shutdown()
-        server.server_close()
-    assert seen[-1] == (
+        docker.close()
+    assert docker.seen[-1] == (
         "POST",
         "/v1.41/images/create?fromImage=10.77.0.1%3A5000%2Fdeterminedai%2Fpytorch-ngc&tag=0.38.0",
     )
