@@ -1,82 +1,9 @@
-"""Render the source article's cluster.yaml shape from our cluster.yaml.
-
-Some operators keep the article's file (master_host, agents, storage) next to their runbooks.
-This derives it from the model so the two never disagree. It carries secret references,
-never secret values, and no `region` key (Determined rejects one; see docs/cluster-yaml.md).
-
-    python -m deploy.article inventories/prod/cluster.yaml
-"""
-
-from __future__ import annotations
+"""Deprecated alias, kept for one release: `python -m deploy.article FILE` is
+`python -m deploy short-yaml --cluster FILE` (deploy/short_yaml.py)."""
 
 import sys
 
-import yaml
-
-from deploy.cluster import Cluster, ClusterError, load_cluster
-from deploy.secrets import Secret
-
-
-class _Flow(dict):
-    """A mapping written inline, so a reference reads `{env: NAME}` as in cluster.yaml."""
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(
-    _Flow, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
-)
-
-
-def _reference(secret: Secret) -> _Flow:
-    ref = secret.reference
-    return _Flow({ref.kind: ref.target})
-
-
-def render_article_yaml(cluster: Cluster) -> str:
-    storage = {
-        "type": "s3",
-        "bucket": cluster.storage.bucket,
-        "endpoint_url": cluster.storage.endpoint_url,
-        "access_key": _reference(cluster.storage.access_key),
-        "secret_key": _reference(cluster.storage.secret_key),
-    }
-    if cluster.storage.prefix:
-        storage["prefix"] = cluster.storage.prefix
-    document = {
-        "master_host": str(cluster.master_node.address),
-        "master_port": cluster.master_port,
-        "agents": [{"host": str(a.address), "slots": a.slots} for a in cluster.agents],
-        "storage": storage,
-    }
-    header = (
-        f"# The article's cluster.yaml, generated from {cluster.path} by\n"
-        f"# `python -m deploy.article {cluster.path}`: edit that file, not this one.\n"
-        "# Secrets are references ({env: NAME} / {file: PATH}), never values.\n"
-        "# No region key: Determined rejects unknown keys; the region is MinIO's site region\n"
-        f"# ({cluster.storage.region}) and AWS_DEFAULT_REGION in every S3 client's environment.\n"
-        "# There is no `det-deploy on-prem`: deploy with `pyinfra inventories/<env>.py deploy.py`.\n"
-    )
-    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m deploy.article CLUSTER_YAML", file=sys.stderr)
-        return 2
-    try:
-        # Only the references are written out: no need to have the secrets at hand.
-        cluster = load_cluster(args[0], resolve_secrets=False)
-    except ClusterError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
-        return 2
-    sys.stdout.write(render_article_yaml(cluster))
-    return 0
-
+from deploy.short_yaml import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,6 @@
-"""Rebuild one node: `python -m deploy.rebuild INVENTORY NODE [pyinfra options]`.
+"""Rebuild one node: `python -m deploy rebuild --cluster FILE NODE [pyinfra options]`
+(deploy/cli.py: the inventory is the one beside FILE, or generated). The old form
+`python -m deploy.rebuild INVENTORY NODE [pyinfra options]` is an alias, for one release.
 
 The node may be a blank reinstall (the dead server back from the vendor) or a working node
 being reinstalled. The command
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,6 +46,7 @@ from deploy.summary import redact_argv
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_CONFIRMED = 3
+PROG = "python -m deploy.rebuild"
 
 
 def say(message: str) -> None:
@@ -261,9 +265,12 @@ def master_back(master: Master, cluster: Cluster, timeout: float) -> bool:
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = PROG, cluster_args: list[str] | None = None) -> int:
+    """`prog` is the command as the user typed it, for messages; `cluster_args` how that
+    command names the cluster (default [INVENTORY]): python -m deploy passes its own
+    ["--cluster", FILE], so that the re-run line it prints is the one the user typed."""
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.rebuild",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -277,25 +284,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, extra = parser.parse_known_args(argv)
     inventory = args.inventory.resolve()
+    # Bad input is one line (no usage block): the usage would name INVENTORY, which a user of
+    # python -m deploy never typed.
     if not inventory.exists():
-        parser.error(f"{args.inventory}: no such inventory file")
+        print(f"{prog}: {args.inventory}: no such inventory file", file=sys.stderr)
+        return 2
     cluster = cluster_of(inventory)
     try:
         node = cluster.node(args.node)
     except KeyError:
         names = ", ".join(n.hostname for n in cluster.nodes)
-        parser.error(f"{args.node}: not a node of {cluster.path} ({names})")
+        print(f"{prog}: {args.node}: not a node of {cluster.path} ({names})", file=sys.stderr)
+        return 2
 
+    again = shlex.join([*shlex.split(prog), *(cluster_args or [str(args.inventory)]), node.hostname])
     try:
-        return rebuild(args.inventory, inventory, cluster, node, extra, args.timeout)
+        return rebuild(again, inventory, cluster, node, extra, args.timeout)
     except MasterRefused as e:
         say(str(e))
         return REFUSED
 
 
 def rebuild(
-    shown: Path, inventory: Path, cluster: Cluster, node: Node, extra: list[str], timeout: float
+    again: str, inventory: Path, cluster: Cluster, node: Node, extra: list[str], timeout: float
 ) -> int:
+    """`again`: the command that re-runs this rebuild, for the message when the deploy fails."""
     master = Master(cluster)
     disabled = take_out_of_service(master, node) if "agent" in node.roles else []
     expected = expected_back(node, disabled)
@@ -307,7 +320,7 @@ def rebuild(
         say(
             f"the deploy of {node.hostname} failed (exit status {rc})"
             + ("; its agents stay disabled" if disabled else "")
-            + f"; fix the cause and re-run: python -m deploy.rebuild {shown} {node.hostname}"
+            + f"; fix the cause and re-run: {again}"
         )
         return rc
 

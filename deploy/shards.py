@@ -1,5 +1,7 @@
-"""python -m deploy.shards [--shards N] INVENTORY [PYINFRA OPTIONS...]: the deploy as several
-pyinfra processes, so that the controller uses more than one core.
+"""python -m deploy shards --cluster FILE [--shards N] [PYINFRA OPTIONS...]: the deploy as
+several pyinfra processes, so that the controller uses more than one core. (deploy/cli.py: the
+inventory is the one beside FILE, or generated. The old form `python -m deploy.shards
+[--shards N] INVENTORY [PYINFRA OPTIONS...]` is an alias, for one release.)
 
 pyinfra runs every host in one process on one core (gevent): at a few hundred hosts the
 controller's planning is the slow part of a no-op re-deploy. This runs `pyinfra INVENTORY
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +62,8 @@ REFUSED = {
     "--json": "would print one JSON document per process",
 }
 SELECTORS = ("--limit", "--exclude")
+PROG = "python -m deploy.shards"
+COMMAND = tuple(shlex.split(PROG))
 
 
 class ShardError(Exception):
@@ -251,9 +256,12 @@ def outcome(shard: Shard, argv: list[str], rc: int, summary_file: Path, lines: l
     return Outcome(shard, argv, rc, failed, rerun, lines[-1].strip() if lines else "")
 
 
-def merged_lines(outcomes: list[Outcome], not_run: list[str], argv: list[str]) -> list[str]:
+def merged_lines(
+    outcomes: list[Outcome], not_run: list[str], argv: list[str], command: Sequence[str] = COMMAND
+) -> list[str]:
     """One summary in the plain deploy's format; a process that stopped without naming its
-    failed hosts has each of its hosts named, with its last output line as the reason."""
+    failed hosts has each of its hosts named, with its last output line as the reason.
+    `command` + `argv` re-run the hosts phase 1 kept from running."""
     failed: dict[str, str] = {}
     rerun: dict[str, str] = {}
     for o in outcomes:
@@ -266,23 +274,28 @@ def merged_lines(outcomes: list[Outcome], not_run: list[str], argv: list[str]) -
                 rerun[h] = rerun_command(o.argv, h)
     lines = summary_lines(failed, ["pyinfra"], rerun)
     if not_run:
-        again = shlex.join(["python", "-m", "deploy.shards", *redact_argv(argv)])
+        again = shlex.join([*command, *redact_argv(argv)])
         lines.append(f"--> {len(not_run)} host(s) not deployed, phase 1 stopped: {', '.join(not_run)}")
         lines.append(f"      re-run: {again}")
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str = PROG, shown_argv: list[str] | None = None) -> int:
+    """`prog` is the command as the user typed it, `shown_argv` its arguments (default
+    `argv`): python -m deploy passes its own, which name the cluster file, not the inventory
+    it derived, so that a re-run line repeats what the user typed."""
+    name = prog.removeprefix("python -m ")  # the prefix of this command's own messages
+    args = sys.argv[1:] if argv is None else argv
     try:
-        return sharded(sys.argv[1:] if argv is None else argv)
+        return sharded(args, prog, name, args if shown_argv is None else shown_argv)
     except KeyboardInterrupt:  # the terminal's Ctrl-C reached the pyinfra processes too
-        print("deploy.shards: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 
-def sharded(argv: list[str]) -> int:
+def sharded(argv: list[str], prog: str, name: str, shown_argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.shards",
+        prog=prog,
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog="Every option after INVENTORY is pyinfra's (pyinfra --help); deploy.py is implied.",
     )
@@ -302,7 +315,7 @@ def sharded(argv: list[str]) -> int:
         groups = inventory_groups(args.inventory)  # a broken cluster.yaml exits 2 here
         phase1, phase2 = plan(groups, shards, limit, exclude)
     except ShardError as e:
-        print(f"deploy.shards: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return 2
     outcomes: list[Outcome] = []
     not_run: list[str] = []
@@ -314,7 +327,7 @@ def sharded(argv: list[str]) -> int:
             not_run = [h for s in phase2 for h in s.hosts]
         elif phase2:
             outcomes += run_phase(args.inventory, options, phase2, Path(tmp))
-    for line in merged_lines(outcomes, not_run, argv):
+    for line in merged_lines(outcomes, not_run, shown_argv, shlex.split(prog)):
         print(line, file=sys.stderr)
     return max([o.rc for o in outcomes] + [1 if not_run else 0])
 

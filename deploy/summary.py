@@ -6,7 +6,7 @@ documented API here (a state callback, the state's hosts and operation meta); wh
 host's SSH connection is gone is asked of deploy/pyinfra_ext, which also keeps that loss
 from aborting the other hosts.
 
-With SUMMARY_FILE_ENV set (python -m deploy.shards sets it for each of its pyinfra
+With SUMMARY_FILE_ENV set (python -m deploy shards sets it for each of its pyinfra
 processes) the same content is written to that file as JSON, {"failed": {host: reason},
 "rerun": {host: command}}, instead of printed: the sharded deploy merges the files into one
 summary. When every host of a run has failed, pyinfra stops with "No hosts remaining!"
@@ -81,7 +81,7 @@ def rerun_command(argv: list[str], hostname: str) -> str:
 
 def summary_lines(failed: dict[str, str], argv: list[str], rerun: dict[str, str] | None = None) -> list[str]:
     """The closing lines; `rerun` gives a host's re-run command where it is already known
-    (python -m deploy.shards: each process's own), else it is made from `argv`."""
+    (python -m deploy shards: each process's own), else it is made from `argv`."""
     if not failed:
         return []
     rerun = rerun or {}
@@ -179,7 +179,7 @@ class FailureSummary(BaseStateCallback):
 
 
 def write_summary_file(path: str, failed: dict[str, str], argv: list[str]) -> None:
-    """The summary as JSON for python -m deploy.shards: failed hosts, why, re-run commands."""
+    """The summary as JSON for python -m deploy shards: failed hosts, why, re-run commands."""
     data = {"failed": failed, "rerun": {h: rerun_command(argv, h) for h in failed}}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:

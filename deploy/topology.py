@@ -10,7 +10,7 @@ GPUs and as many slots as the domain has GPUs. This module supplies the pieces:
   domains(topology) -> [(0, 1, 2, 3), (4, 5, 6, 7)]
   largest_trial_slots({host: domains}) -> int
   agent_plan(hostname, domains, layout) -> [AgentSpec(agent_id, visible_gpus, slots)]
-  observe / summary_lines             the NVLink lines `python -m tests.verify` prints
+  observe / summary_lines             the NVLink lines `python -m deploy verify` prints
 
 The grouping rule (docs/topology.md walks through it on real machines):
 

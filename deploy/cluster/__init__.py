@@ -16,7 +16,7 @@ Secret values never appear in a problem or a repr (see deploy/secrets.py).
                 a node needs quoting
     rules.py    building the model and the checks that span keys; load_cluster
     docs.py     the key tables of docs/cluster-yaml.md
-    cli.py      the command line
+    cli.py      the command line (users: `python -m deploy check --cluster FILE`, deploy/cli.py)
 
     python -m deploy.cluster check FILE...     # "FILE: ok (N nodes)" or the problems, exit 0/2
     python -m deploy.cluster docs              # regenerate docs/cluster-yaml.md's key tables

@@ -2,6 +2,10 @@
 
 python -m deploy.cluster check FILE...   # "FILE: ok (N nodes)" or the problems, exit 0/2
 python -m deploy.cluster docs            # regenerate the key tables of docs/cluster-yaml.md
+
+Users check a file with `python -m deploy check --cluster FILE` (deploy/cli.py calls main
+here); `python -m deploy.cluster check` is its alias for one release. `docs` is the
+maintainers' command and stays.
 """
 
 from __future__ import annotations

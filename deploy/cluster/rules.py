@@ -59,7 +59,7 @@ def load_cluster(path: str | Path, *, resolve_secrets: bool = True) -> Cluster:
     """Read and validate cluster.yaml. Raises ClusterError listing every problem.
 
     resolve_secrets=False keeps secret references unresolved (`.value` then raises): for
-    tools that only need the references, such as deploy.article.
+    tools that only need the references, such as deploy.short_yaml.
     """
     shown = str(path)
     document, raw, surprises = read_document(path, shown)

@@ -1,4 +1,5 @@
-"""python -m deploy.experiment new|lint ... (see __init__.py)."""
+"""python -m deploy experiment new|lint ... (see __init__.py); python -m deploy.experiment is
+its alias for one release."""
 
 from __future__ import annotations
 
@@ -20,17 +21,27 @@ def _positive(text: str) -> int:
     return value
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m deploy.experiment")
+PROG = "python -m deploy.experiment"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog)
+    add_commands(p)
+    return p
+
+
+def add_commands(p: argparse.ArgumentParser) -> None:
+    """`new` and `lint` as subcommands of `p`: this module's parser, and python -m deploy's
+    `experiment` verb (deploy/cli.py), which lists them in its own --help."""
     sub = p.add_subparsers(dest="command", required=True)
     for name, what in (("new", "write an experiment for the cluster"), ("lint", "check an experiment")):
         s = sub.add_parser(name, help=what)
-        s.add_argument("--cluster", required=True, metavar="CLUSTER_YAML")
+        s.add_argument("--cluster", required=True, metavar="FILE", help="the cluster file (cluster.yaml)")
         s.add_argument(
             "--nvlink-slots",
             type=_positive,
             metavar="N",
-            help="largest slots_per_trial inside one NVLink domain (python -m tests.verify prints it)",
+            help="largest slots_per_trial inside one NVLink domain (python -m deploy verify prints it)",
         )
     new = sub.choices["new"]
     new.add_argument("--slots", type=_positive, default=1, metavar="N", help="slots_per_trial (default 1)")
@@ -39,7 +50,6 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
     check.add_argument("experiment", metavar="EXPERIMENT_YAML")
     check.add_argument("model_dir", nargs="?", metavar="MODEL_DIR")
-    return p
 
 
 def new(args: argparse.Namespace, target: Target) -> int:
@@ -65,8 +75,8 @@ def new(args: argparse.Namespace, target: Target) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     try:
         target = load(args.cluster, args.nvlink_slots)
     except TargetError as e:

@@ -67,7 +67,7 @@ def config(
         raise ValueError("the restore smoke needs the uuid of the saved checkpoint")
     doc = yaml.safe_load(template.experiment_yaml(target, slots))
     doc["name"] = f"verify-smoke-{kind}-{run_id}"
-    doc["description"] = f"python -m tests.verify smoke ({ROWS[kind]}); archived by verify when done"
+    doc["description"] = f"python -m deploy verify smoke ({ROWS[kind]}); archived by verify when done"
     doc["entrypoint"] = f"python3 {TRIAL_FILE}"
     hparams: dict = {"smoke": kind, "run_id": run_id}
     if restore_uuid:

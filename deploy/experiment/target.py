@@ -3,7 +3,7 @@
 The values are the deploy's own: the checkpoint endpoint and bucket master.yaml gives trials
 (roles/determined_master.py), the task images the agents pulled (deploy.cluster.images.site_ref).
 NVLink domains are not in cluster.yaml (the deploy reads them from each node's
-`nvidia-smi topo -m`); `python -m tests.verify` prints the largest slots_per_trial that stays
+`nvidia-smi topo -m`); `python -m deploy verify` prints the largest slots_per_trial that stays
 inside one domain, and `--nvlink-slots N` hands that number in.
 """
 

@@ -21,7 +21,7 @@ def slots_warning(target: Target, slots: int) -> str | None:
     if target.nvlink_slots is None:
         return (
             f"NVLink domains unknown (not in cluster.yaml): slots_per_trial {slots} is checked against one "
-            f"agent's {target.agent_slots} slots only; `python -m tests.verify` prints the largest "
+            f"agent's {target.agent_slots} slots only; `python -m deploy verify` prints the largest "
             "slots_per_trial inside one NVLink domain: pass it as --nvlink-slots N"
         )
     if slots > target.max_single_slots:
@@ -73,9 +73,9 @@ def experiment_yaml(target: Target, slots: int) -> str:
     domain = "" if target.nvlink_slots is None else " and in one NVLink domain"
     prefix = f"\n  prefix: {_q(target.prefix)}" if target.prefix else ""
     return f"""\
-# Experiment for the cluster of {target.path}, from `python -m deploy.experiment new`.
+# Experiment for the cluster of {target.path}, from `python -m deploy experiment new`.
 # `det experiment create experiment.yaml {MODEL_DIR}/`; check edits with
-# `python -m deploy.experiment lint --cluster {target.path} experiment.yaml {MODEL_DIR}/`.
+# `python -m deploy experiment lint --cluster {target.path} experiment.yaml {MODEL_DIR}/`.
 name: example-core-api
 entrypoint: {_q(entrypoint)}
 

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from types import TracebackType
 
 import paramiko
 import pytest
@@ -309,8 +310,10 @@ class CheckedParamikoBackend(ParamikoBackend):
 
 @pytest.fixture(scope="session")
 def host_of(cluster, reach):
-    cache = {}
-    unreachable = {}
+    cache: dict[str, testinfra.host.Host] = {}
+    # Host.backend is typed as testinfra's BaseBackend: keep our own, whose `client` connects.
+    backends: dict[str, CheckedParamikoBackend] = {}
+    unreachable: dict[str, tuple[BaseException, TracebackType | None]] = {}
 
     def get(node):
         reach.raise_if_dead(node)  # found dead before the checks: no second wait
@@ -321,13 +324,14 @@ def host_of(cluster, reach):
                 timeout=10,
             )
             cache[node.hostname] = testinfra.host.Host(backend)
+            backends[node.hostname] = backend
             backend.set_host(cache[node.hostname])
         # A node that drops packets costs one connect timeout per worker, not one per check.
         if node.hostname in unreachable:
             exc, tb = unreachable[node.hostname]
             raise exc.with_traceback(tb)
         try:
-            client = cache[node.hostname].backend.client  # connect now, once (a cached property)
+            client = backends[node.hostname].client  # connect now, once (a cached property)
             set_nodelay(client)  # 50 ms less per command: see deploy/sshtuning.py
         except Exception as e:
             unreachable[node.hostname] = (e, e.__traceback__)

@@ -1,4 +1,4 @@
-"""pytest plugin: `--hardware` and `--drain-unhealthy` (loaded by `python -m tests.verify`).
+"""pytest plugin: `--hardware` and `--drain-unhealthy` (loaded by `python -m deploy verify`).
 
 --hardware runs the health rows that need real GPUs (tests/verify/test_health.py).
 
@@ -15,7 +15,8 @@ not run", in its setup, or over SSH counts as unknown, and a node with unknown r
 one keeps its state. Only agents this tool disabled are enabled again: their ids are kept in
 --drain-state (default ~/.local/state/gpu-cluster/drained-agents.json), so an agent an
 operator disabled by hand stays disabled. Every action is logged, with its reason, to stdout
-and to --drain-log (default reports/drain.log).
+and to --drain-log (verify passes drain.log in its --reports directory; without it the default
+is reports/drain.log under pytest's rootdir).
 """
 
 from __future__ import annotations

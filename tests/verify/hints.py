@@ -272,7 +272,7 @@ HINTS: dict[str, Hint] = {
     ),
     "test_master_admin_password_is_the_configured_one": Hint(
         "the master refuses admin's login with determined.admin_password (changed after the "
-        "first start, or a restored database): verify, deploy.rebuild and the deploy cannot log in",
+        "first start, or a restored database): verify, rebuild and the deploy cannot log in",
         "re-run the deploy with DET_USER/DET_PASS set to an admin login that works: it sets "
         "admin's password to determined.admin_password",
     ),

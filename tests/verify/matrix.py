@@ -1,6 +1,6 @@
 """pytest plugin: the verify run as a checks x nodes matrix, in the terminal and in Markdown.
 
-Loaded only by `python -m tests.verify` (`-p tests.verify.matrix`): plain pytest runs never see
+Loaded only by `python -m deploy verify` (`-p tests.verify.matrix`): plain pytest runs never see
 it. It works the same with and without pytest-xdist:
 - every process that collects (each xdist worker, or the single pytest process) stamps each
   test's user_properties with its check name and its node / peer hostnames, taken from the
@@ -240,6 +240,12 @@ def _props(report) -> dict[str, list[str]]:
         name, value = pair
         found.setdefault(name, []).append(str(value))
     return found
+
+
+def _first(props: dict[str, list[str]], name: str) -> str | None:
+    """The first value recorded under `name`, or None when none was."""
+    values = props.get(name)
+    return values[0] if values else None
 
 
 _LITERAL = r"""b?(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
@@ -624,7 +630,7 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
             label = f"  {names[check]}"
             if len(label) >= label_w:
                 label = label[: label_w - 2] + "~"
-            row = [(label.ljust(label_w), {})]
+            row: list[tuple[str, dict]] = [(label.ljust(label_w), {})]
             for node in block:
                 status = m.status(check, node)
                 row.append((status.ljust(col_w) if node != block[-1] else status, MARKUP[status]))
@@ -730,16 +736,16 @@ class Recorder:
             Result(
                 check=check,
                 node=(props.get(P_NODE) or [CLUSTER])[0],
-                peer=(props.get(P_PEER) or [None])[0],
+                peer=_first(props, P_PEER),
                 outcome=outcome,
                 message=report_message(report) if outcome != OK else "",
-                ssh=(props.get(P_SSH) or [None])[0] if outcome == FAIL else None,
-                ssh_kind=(props.get(P_SSH_KIND) or [None])[0],
-                ssh_target=(props.get(P_SSH_TARGET) or [None])[0],
+                ssh=_first(props, P_SSH) if outcome == FAIL else None,
+                ssh_kind=_first(props, P_SSH_KIND),
+                ssh_target=_first(props, P_SSH_TARGET),
                 phase=report.when,
                 not_asked=tuple(h for v in props.get(P_NOT_ASKED, []) for h in json.loads(v)),
                 hint=tuple(json.loads(props[P_HINT][0])) if P_HINT in props and outcome == FAIL else None,
-                not_probed=(props.get(P_NOT_PROBED) or [None])[0] if outcome == SKIP else None,
+                not_probed=_first(props, P_NOT_PROBED) if outcome == SKIP else None,
             )
         )
 

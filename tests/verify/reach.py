@@ -163,6 +163,8 @@ class Reach:
         parts = []
         for network in NETWORKS:
             name = self.names.get(network, {}).get(hostname)
+            if name is None:  # not on this network (names from network_names): nothing to say
+                continue
             failed = [p for p in tried if self.views[p].get(name)]
             if failed and len(failed) == len(tried):
                 parts.append(f"none of the {len(tried)} nodes that answered reaches it on {network}")

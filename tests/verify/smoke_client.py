@@ -207,8 +207,8 @@ PLACEMENT = Hint(
 )
 REFUSED = Hint(
     "the master refused the smoke experiment",
-    "the message in the detail; `python -m deploy.experiment lint --cluster CLUSTER_YAML` on what "
-    "`python -m deploy.experiment new` prints; the master's version (determined.version)",
+    "the message in the detail; `python -m deploy experiment lint --cluster FILE` on what "
+    "`python -m deploy experiment new` prints; the master's version (determined.version)",
 )
 STUCK = Hint(
     "the smoke trial did not finish in time: queued without free slots, or its image pull or "

@@ -299,9 +299,8 @@ def test_master_admin_password_is_the_configured_one(cluster):
 def test_master_refuses_blank_passwords(cluster):
     """No user, built-in or added later, logs in with a blank password (Determined lets a user
     without a password in with a blank one: model.User.ValidatePassword)."""
-    status, body = _login(cluster, "admin", cluster.determined.admin_password.value)
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=body["token"])
+    # admin_token: the same login and message, and a token typed as one (not an optional body).
+    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=admin_token(cluster))
     assert status == 200, f"GET /api/v1/users -> {status}"
     names = sorted({"admin", "determined"} | {u["username"] for u in listed["users"] if not u.get("remote")})
     let_in = [name for name in names if _login(cluster, name, "")[0] == 200]
@@ -310,9 +309,8 @@ def test_master_refuses_blank_passwords(cluster):
 
 def test_determined_user_inactive(cluster):
     """The built-in `determined` user had admin's initial password: the deploy deactivates it."""
-    status, body = _login(cluster, "admin", cluster.determined.admin_password.value)
-    assert status == 200, f"login as admin -> {status} (determined.admin_password)"
-    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=body["token"])
+    # admin_token: the same login and message, and a token typed as one (not an optional body).
+    status, listed = _http(f"{_master_url(cluster)}/api/v1/users", token=admin_token(cluster))
     assert status == 200, f"GET /api/v1/users -> {status}"
     active = [u["username"] for u in listed["users"] if u["username"] == "determined" and u.get("active")]
     assert active == [], "the built-in user determined is active"

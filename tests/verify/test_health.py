@@ -4,7 +4,7 @@ GPU servers: Azure/azurehpc-health-checks, conf/nd96amsr_a100_v4.conf and custom
 Every expected value comes from cluster.yaml's `hardware` (per node: `nodes[].hardware`).
 A command that cannot run fails its row with a message starting "could not run:": such a row
 is red, but `--drain-unhealthy` (tests/verify/drain.py) never drains a node for it.
-The bandwidth rows need real GPUs and run with `python -m tests.verify --hardware` only;
+The bandwidth rows need real GPUs and run with `python -m deploy verify --hardware` only;
 without it they are skipped with "not run: needs GPUs".
 """
 
@@ -20,7 +20,7 @@ from deploy.facts.fabric import parse_ibstat
 from tests.verify.matrix import P_SEEN
 
 COULD_NOT_RUN = "could not run"
-NOT_RUN = "not run: needs GPUs (python -m tests.verify --hardware)"
+NOT_RUN = "not run: needs GPUs (python -m deploy verify --hardware)"
 
 # NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/index.html): the events that
 # mean the GPU or its memory is failing; any other Xid is shown with its number only.
@@ -240,7 +240,7 @@ def test_cpu_count(agent, host_of, record_property):
     assert count == expected, f"{count} logical CPUs, expected {expected}"
 
 
-# --- real hardware only (python -m tests.verify --hardware) ----------------------------------
+# --- real hardware only (python -m deploy verify --hardware) ---------------------------------
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Verify submits four small experiments to the master through its REST API
 (tests/verify/smoke_client.py; configurations and trial from deploy/experiment/smoke.py, built
-from `python -m deploy.experiment new`'s template for this cluster, without its image: the
+from `python -m deploy experiment new`'s template for this cluster, without its image: the
 trials run the image master.yaml's task_container_defaults gives them):
 
 - test_smoke_trial_saves_a_checkpoint: a one-slot trial writes a checkpoint to MinIO with boto3
@@ -27,7 +27,7 @@ once, the restore after the save, the single-agent allreduce after the two-agent
 happens, the experiments are ended and archived and the checkpoint objects under
 verify-smoke/<run id> removed (with the deploy's MinIO keys, as test_storage.py does).
 
-`python -m tests.verify --no-smoke` skips the four rows without contacting the master: for a
+`python -m deploy verify --no-smoke` skips the four rows without contacting the master: for a
 production cluster that must not run jobs.
 """
 

@@ -1,4 +1,4 @@
-"""deploy.article: the article's cluster.yaml shape, derived from ours, without secret values."""
+"""python -m deploy short-yaml: the short cluster.yaml shape, derived from ours, without secret values."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from deploy.article import main, render_article_yaml
 from deploy.cluster import load_cluster
+from deploy.short_yaml import main, render_short_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / "inventories" / "prod" / "cluster.yaml"
@@ -36,10 +37,10 @@ def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def test_prod_renders_the_articles_file(tmp_path, monkeypatch):
+def test_prod_renders_the_short_file(tmp_path, monkeypatch):
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
-    text = render_article_yaml(load_cluster(pinned_prod(tmp_path)))
+    text = render_short_yaml(load_cluster(pinned_prod(tmp_path)))
     assert yaml.safe_load(text) == {
         "master_host": "192.168.1.10",
         "master_port": 23457,
@@ -70,18 +71,23 @@ def test_prefix_is_carried_over(tmp_path, monkeypatch):
             "  bucket: det-checkpoints\n", "  bucket: det-checkpoints\n  prefix: team-a\n"
         )
     )
-    document = yaml.safe_load(render_article_yaml(load_cluster(path)))
+    document = yaml.safe_load(render_short_yaml(load_cluster(path)))
     assert document["storage"]["prefix"] == "team-a"
     assert "region" not in document["storage"]
 
 
-def test_command_needs_no_secrets(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [["deploy", "short-yaml", "--cluster"], ["deploy.article"]],  # the front door, the old alias
+    ids=["front-door", "alias"],
+)
+def test_command_needs_no_secrets(tmp_path, command):
     """Only references are written, so the environment need not hold the secrets."""
     path = pinned_prod(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ENV}
     env["PYTHONPATH"] = str(REPO)
     run = subprocess.run(
-        [sys.executable, "-m", "deploy.article", str(path)],
+        [sys.executable, "-m", *command, str(path)],
         env=env,
         capture_output=True,
         text=True,
@@ -90,7 +96,8 @@ def test_command_needs_no_secrets(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert yaml.safe_load(run.stdout)["master_host"] == "192.168.1.10"
-    assert run.stdout.startswith("# The article's cluster.yaml, generated from")
+    assert run.stdout.startswith(f"# The short cluster.yaml, generated from {path} by\n")
+    assert f"# `python -m deploy short-yaml --cluster {path}`: edit that file" in run.stdout
 
 
 def test_command_on_a_broken_file(tmp_path, capsys):
