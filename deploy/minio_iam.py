@@ -25,9 +25,6 @@ name the user, the policy and MinIO's error code only.
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +37,7 @@ from minio.minioadmin import MinioAdmin
 from deploy import s3
 from deploy.cluster import Cluster
 from deploy.cluster.model import Storage
+from deploy.secrets import Secret
 
 # Where roles/pg_backup.py puts the database dumps (its PREFIX), and the part of the bucket
 # Determined's user is denied: everything under backups/, so a later kind of backup is covered
@@ -81,12 +79,14 @@ class IamError(Exception):
 
 @dataclass(frozen=True)
 class User:
-    """One MinIO user the deploy makes: its name, its canned policy's name and document."""
+    """One MinIO user the deploy makes: its name, its canned policy's name and document, and
+    its secret key (the model's, computed once: storage.determined_secret / backup_secret)."""
 
     name: str
     policy: str
     document: dict[str, Any] = field(compare=False, hash=False, repr=False)
     scope: str  # what the policy allows, for operation names and messages
+    secret: Secret = field(compare=False, hash=False, repr=False)
 
     def __str__(self) -> str:
         return f"MinIO user {self.name}"
@@ -163,6 +163,7 @@ def determined(storage: Storage) -> User:
         f"{storage.determined_user}-checkpoints",
         determined_policy(storage),
         f"bucket {storage.bucket} except {RESERVED_PREFIX}",
+        storage.determined_secret,
     )
 
 
@@ -172,6 +173,7 @@ def backup(storage: Storage) -> User:
         f"{storage.backup_user}-postgresql",
         backup_policy(storage),
         f"{storage.bucket}/{BACKUP_PREFIX} only",
+        storage.backup_secret,
     )
 
 
@@ -219,47 +221,12 @@ def canonical(policy: Any) -> str:
     return json.dumps({**rest, "Statement": sorted(statements)}, sort_keys=True)
 
 
-@functools.lru_cache(maxsize=8)
-def _derive(root_secret: str, user: str) -> str:
-    raw = hashlib.scrypt(
-        root_secret.encode(), salt=f"gpu-cluster/minio/{user}".encode(), n=2**14, r=8, p=1, dklen=30
-    )
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def secret_key(storage: Storage, user: str) -> str:
-    """The secret key of one of the deploy's users: the one cluster.yaml gives it
-    (storage.determined_secret_key / backup_secret_key), else derived from MinIO's root
-    password with scrypt, salted with the user's name (so each user's differs).
-
-    One-way, so holding it (as every trial holds Determined's) does not give the root password
-    nor another user's key away; a guessable root password could still be guessed from it,
-    hence the docs ask for a long random storage.secret_key. 40 characters of [A-Za-z0-9_-]:
-    safe in YAML and env files.
-    """
-    given = {
-        storage.determined_user: storage.determined_secret_key,
-        storage.backup_user: storage.backup_secret_key,
-    }.get(user)
-    if given is not None:
-        return given.value
-    return _derive(storage.secret_key.value, user)
-
-
 def secret_source(storage: Storage, user: str) -> str:
     """Where a user's secret key comes from, for messages (never the key)."""
     for key in ("determined_secret_key", "backup_secret_key"):
         if getattr(storage, key) is not None and user == getattr(storage, key.replace("secret_key", "user")):
             return f"storage.{key}"
     return "the one the deploy derives from storage.secret_key"
-
-
-def determined_secret_key(storage: Storage) -> str:
-    return secret_key(storage, storage.determined_user)
-
-
-def backup_secret_key(storage: Storage) -> str:
-    return secret_key(storage, storage.backup_user)
 
 
 def admin_client(cluster: Cluster, timeout: float = 10.0, retries: int = 2) -> MinioAdmin:
@@ -305,7 +272,7 @@ def _secret_signs(cluster: Cluster, user: User) -> str | None:
     secret signs; a wrong one is SignatureDoesNotMatch or InvalidAccessKeyId.
     """
     storage = cluster.storage
-    client = s3.client(cluster, user.name, secret_key(storage, user.name), timeout=5.0, retries=0)
+    client = s3.client(cluster, user.name, user.secret.value, timeout=5.0, retries=0)
     try:
         s3.bucket_location(client, storage.bucket, storage.region)
     except S3Error as e:
@@ -375,7 +342,7 @@ def ensure(cluster: Cluster, user: User | None = None) -> list[str]:
             done.append(f"wrote policy {name} ({state.policy})")
         if state.user:
             # add-user creates the user or replaces its secret and status; its policy stays.
-            admin.user_add(user.name, secret_key(cluster.storage, user.name))
+            admin.user_add(user.name, user.secret.value)
             done.append(f"wrote user {user.name} ({state.user})")
         if state.mapping:
             # set-user-or-group-policy replaces the user's policies: exactly this one remains.

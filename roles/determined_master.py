@@ -19,15 +19,12 @@ activate:  enabled and running; restarted only when its configuration changed an
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from deploy import minio_iam
 from deploy.cluster import Cluster, Node
-from deploy.cluster.images import site_ref
-from deploy.cluster.storage_tls import trial_address
+from deploy.determined_node import health_check
 from roles import determined_tls, minio_tls, pg_backup
 from roles.determined_common import CONFIG_DIR, install_determined
 from roles.shared_ops import SecretBytes, env_file, packages, secret_file, wait_for_http
@@ -37,26 +34,6 @@ MASTER_YAML = f"{CONFIG_DIR}/master.yaml"
 S3_ENV = f"{CONFIG_DIR}/master-s3.env"
 DROP_IN = "/etc/systemd/system/determined-master.service.d/10-s3.conf"
 SERVICE = "determined-master.service"
-
-
-def trial_endpoint(cluster: Cluster) -> str:
-    """storage.endpoint_url as trial containers can reach it: with the storage node's address
-    where it names the node by hostname.
-
-    Determined hands master.yaml's checkpoint_storage to every trial (it is the experiments'
-    default) and its S3 config has no second, container-side endpoint. A single-agent trial
-    runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/hosts.py),
-    so a node's hostname does not resolve there. With https the certificate names that address
-    too: deploy/cluster/storage_tls.py refuses one that does not.
-    """
-    url = cluster.storage.endpoint_url.rstrip("/")
-    parts = urlsplit(url)
-    address = trial_address(parts.hostname, cluster.storage_node)
-    if address is None:
-        return url
-    host = f"[{address}]" if address.version == 6 else str(address)
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def master_yaml(cluster: Cluster) -> str:
@@ -70,13 +47,13 @@ def master_yaml(cluster: Cluster) -> str:
         storage=storage,
         # Determined's bucket-only MinIO user (roles/minio_iam.py): trials get these keys.
         access_key=storage.determined_user,
-        secret_key=minio_iam.determined_secret_key(storage),
-        # Determined joins endpoint and key itself; a trailing slash gives "//key" requests.
-        endpoint_url=trial_endpoint(cluster),
+        secret_key=storage.determined_secret.value,
+        # The storage node by address where cluster.yaml names it (the model's trial_endpoint).
+        endpoint_url=cluster.trial_endpoint,
         admin_password=determined.admin_password.value,
         # The references the agents pull (roles/task_images.py): via sources.registry if set.
-        image_gpu=site_ref(cluster, determined.task_image.gpu),
-        image_cpu=site_ref(cluster, determined.task_image.cpu),
+        image_gpu=cluster.task_refs.gpu,
+        image_cpu=cluster.task_refs.cpu,
         shm_size_bytes=determined.shm_size_bytes,
         fabric_interface=cluster.dtrain_interface,
         nccl_ib_hca=cluster.network.nccl_ib_hca,
@@ -93,7 +70,7 @@ def s3_env(cluster: Cluster) -> str:
         "loaded by its drop-in 10-s3.conf. 0600 root.",
         {
             "AWS_ACCESS_KEY_ID": storage.determined_user,
-            "AWS_SECRET_ACCESS_KEY": minio_iam.determined_secret_key(storage),
+            "AWS_SECRET_ACCESS_KEY": storage.determined_secret.value,
             "AWS_DEFAULT_REGION": storage.region,
         },
     )
@@ -143,7 +120,7 @@ def apply(cluster: Cluster, node: Node) -> None:
         _if=config_changed_alone,
     )
     running = systemd.service(name="Master enabled and running", service=SERVICE, running=True, enabled=True)
-    url, resolve, env_vars = determined_tls.health_check(cluster)
+    url, resolve, env_vars = health_check(cluster)
     with_env: dict[str, Any] = {"_env": env_vars} if env_vars else {}
     wait_for_http(
         url,

@@ -26,13 +26,8 @@ from pyinfra.operations import files
 
 from deploy.cluster import Cluster
 from deploy.cluster.master_tls import agent_ca, served_chain
+from deploy.determined_node import CERTS_DIR, MASTER_CA, MASTER_CRT, MASTER_KEY
 from roles.shared_ops import SecretBytes, secret_file
-
-# Under determined_common.CONFIG_DIR (that module imports this one).
-CERTS_DIR = "/etc/determined/certs"
-MASTER_CRT = f"{CERTS_DIR}/master.crt"
-MASTER_KEY = f"{CERTS_DIR}/master.key"
-MASTER_CA = f"{CERTS_DIR}/master-ca.crt"
 
 
 def enabled(cluster: Cluster) -> bool:
@@ -49,17 +44,6 @@ def agent_security(cluster: Cluster) -> dict[str, str] | None:
     if not enabled(cluster):
         return None
     return {"master_cert": MASTER_CA, "master_cert_name": cluster.master_host}
-
-
-def health_check(cluster: Cluster) -> tuple[str, str | None, dict[str, str]]:
-    """(url, curl --resolve entry, environment) for GET /health on the master's own node: by
-    master_host pinned to 127.0.0.1 and checked against master-ca.crt (curl reads
-    CURL_CA_BUNDLE) with TLS; plain http to 127.0.0.1 without."""
-    port = cluster.master_port
-    if not enabled(cluster):
-        return f"http://127.0.0.1:{port}/health", None, {}
-    name = cluster.master_host
-    return f"https://{name}:{port}/health", f"{name}:{port}:127.0.0.1", {"CURL_CA_BUNDLE": MASTER_CA}
 
 
 def _certs_dir() -> None:

@@ -31,6 +31,7 @@ from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.gpu import GpuPersistence, NvSwitches
+from deploy.gpu_node import FABRICMANAGER, PEERMEM
 from deploy.pins import driver_pins, fabricmanager_pins
 from roles import apt_pins, nvidia_driver
 from roles.apt_pinsets import not_at_pin
@@ -41,9 +42,7 @@ PERSISTENCED = "nvidia-persistenced.service"
 PERSISTENCED_DROP_IN = f"/etc/systemd/system/{PERSISTENCED}.d/10-persistence-mode.conf"
 PERSISTENCED_WANTED = f"/etc/systemd/system/multi-user.target.wants/{PERSISTENCED}"
 PERSISTENCED_UNIT = f"/lib/systemd/system/{PERSISTENCED}"
-FABRICMANAGER = "nvidia-fabricmanager.service"
 FABRICMANAGER_DROP_IN = f"/etc/systemd/system/{FABRICMANAGER}.d/10-before-agent.conf"
-PEERMEM = "/etc/modules-load.d/nvidia-peermem.conf"
 
 
 def persistence_off(modes: dict[int, str]) -> list[int]:

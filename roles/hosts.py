@@ -1,6 +1,6 @@
 """/etc/hosts: every node by management name and `<hostname>-<its IPoIB interface>` (like
-`gpu-node1-ib0`), no DNS needed. deploy/cluster/rules.py accepts that name in
-storage.endpoint_url.
+`gpu-node1-ib0`: the model's Node.ipoib_name), no DNS needed. deploy/cluster/rules.py accepts
+that name in storage.endpoint_url.
 
 The agent resolves names once at start and fails with only 'Failed to resolve hostname'
 otherwise, so every node carries the whole map.
@@ -16,16 +16,12 @@ from deploy.cluster import Cluster, Node
 MARKER = "# {mark} gpu-cluster managed hosts"
 
 
-def ib_name(hostname: str, interface: str) -> str:
-    return f"{hostname}-{interface}"
-
-
 def hosts_block(cluster: Cluster) -> str:
     lines = []
     for n in cluster.nodes:
         lines.append(f"{n.address}\t{n.hostname}")
     for n in cluster.nodes:
-        lines.append(f"{n.ipoib_address}\t{ib_name(n.hostname, n.ipoib_interface)}")
+        lines.append(f"{n.ipoib_address}\t{n.ipoib_name}")  # the model's naming convention
     return "\n".join(lines)
 
 

@@ -23,21 +23,14 @@ from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
 from deploy.facts.apt import HeldPackages
+from deploy.gpu_node import UU_CONF, headers_package, hold_candidates, uu_blacklist_entries
 from roles.scripts import script
 from roles.shared_ops import DPKG_LOCK_TIMEOUT, fail, packages
 
 # `uname -r` as a package-name suffix: what Debian and Ubuntu kernels print (5.15.0-91-generic,
 # 6.1.0-17-amd64). Anything else is refused before it reaches apt or a config file.
 RELEASE = re.compile(r"[0-9][A-Za-z0-9.+_~-]*")
-# The packages of one kernel build (Ubuntu splits the modules out of the image).
-PER_RELEASE = ("linux-image-{}", "linux-headers-{}", "linux-modules-{}", "linux-modules-extra-{}")
-# What pulls a newer kernel in on an upgrade: Ubuntu's meta packages (GA and HWE).
-META = tuple(
-    f"linux-{kind}{track}"
-    for kind in ("generic", "image-generic", "headers-generic")
-    for track in ("", "-hwe-20.04", "-hwe-22.04")
-)
-UU_CONF = "/etc/apt/apt.conf.d/51gpu-cluster-kernel"
+# The package names of a kernel's hold and UU_CONF: deploy/gpu_node.py (verify checks them).
 
 
 def running_release() -> str:
@@ -46,23 +39,6 @@ def running_release() -> str:
 
 def valid(release: str) -> bool:
     return RELEASE.fullmatch(release) is not None
-
-
-def headers_package(release: str) -> str:
-    return f"linux-headers-{release}"
-
-
-def hold_candidates(release: str) -> list[str]:
-    return [p.format(release) for p in PER_RELEASE] + list(META)
-
-
-def _regex(name: str) -> str:
-    # No backslashes: apt.conf would need them escaped. [.] and [+] match themselves.
-    return "^" + name.replace(".", "[.]").replace("+", "[+]") + "$"
-
-
-def uu_blacklist_entries(release: str) -> list[str]:
-    return [_regex(e) for e in hold_candidates(release)]
 
 
 def uu_blacklist(release: str) -> str:

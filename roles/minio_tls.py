@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import ipaddress
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from pyinfra import host
@@ -33,19 +34,8 @@ from pyinfra.facts.files import FindInFile
 from pyinfra.operations import files, server
 
 from deploy.cluster import Cluster, Node
+from deploy.minio_node import CERTS_DIR, CONFIG_DIR, CONTAINER_BUNDLE, SYSTEM_BUNDLE, SYSTEM_CA, USER
 from roles.shared_ops import SecretBytes, packages, secret_file
-
-# The deploy's own directory for MinIO: only certs/ is in it, and only with storage.tls.
-CONFIG_DIR = "/etc/minio"
-CERTS_DIR = f"{CONFIG_DIR}/certs"
-USER = "minio-user"
-# update-ca-certificates(8) reads only *.crt files under /usr/local/share/ca-certificates.
-SYSTEM_CA = "/usr/local/share/ca-certificates/gpu-cluster-storage-ca.crt"
-# ca-certificates' bundle, every trusted CA in one file (update-ca-certificates writes it).
-SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# Where trial containers find the node's bundle: a path of its own, so the image's own
-# /etc/ssl/certs (Ubuntu's, NGC's) stays as it is for everything that reads it.
-CONTAINER_BUNDLE = "/etc/gpu-cluster/ca-certificates.crt"
 
 
 def server_options(cluster: Cluster) -> str:
@@ -53,12 +43,20 @@ def server_options(cluster: Cluster) -> str:
     return f" --certs-dir {CERTS_DIR}" if cluster.storage.tls.enabled else ""
 
 
-def trial_bundle(cluster: Cluster) -> tuple[str, str, str] | None:
-    """(host path, container path, the CA's sha256) of the bundle trials trust, for master.yaml."""
+class TrialBundle(NamedTuple):
+    """The bundle trials trust, as master.yaml's task_container_defaults names it."""
+
+    host_path: str  # the node's whole system bundle, which holds storage.tls.ca_certificate
+    container_path: str  # where the trial container sees it, read-only
+    ca_sha256: str  # of the CA: a new CA changes master.yaml, so the master restarts
+
+
+def trial_bundle(cluster: Cluster) -> TrialBundle | None:
+    """The bundle trials trust with storage.tls.ca_certificate, for master.yaml; None without."""
     ca = cluster.storage.tls.ca_certificate
     if ca is None:
         return None
-    return SYSTEM_BUNDLE, CONTAINER_BUNDLE, hashlib.sha256(ca.text.encode()).hexdigest()
+    return TrialBundle(SYSTEM_BUNDLE, CONTAINER_BUNDLE, hashlib.sha256(ca.text.encode()).hexdigest())
 
 
 def certs(cluster: Cluster) -> list:

@@ -64,7 +64,7 @@ def s3_env(cluster: Cluster) -> str:
         "read by /usr/local/sbin/pg-backup (roles/pg_backup.py). 0600 root.",
         {
             "AWS_ACCESS_KEY_ID": storage.backup_user,
-            "AWS_SECRET_ACCESS_KEY": minio_iam.backup_secret_key(storage),
+            "AWS_SECRET_ACCESS_KEY": storage.backup_secret.value,
         },
     )
 

@@ -27,6 +27,7 @@ from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
 from deploy.facts.trust import OpenPgpKeys
+from deploy.postgresql_node import MIN_MAJOR
 from roles.apt_lists import update_lists
 from roles.postgresql_role import digest_key, role
 from roles.postgresql_role import (  # re-exported: the role's password handling, for its tests
@@ -38,8 +39,8 @@ from roles.scripts import script
 from roles.shared_ops import packages
 from roles.templates import render
 
-# Determined needs 13 or newer (12 warns, 11 and older error out) and >= 96 connections.
-MIN_MAJOR = 13
+# Determined's minimums (MIN_MAJOR, MIN_CONNECTIONS) are in deploy/postgresql_node.py: a few
+# connections above its floor.
 MAX_CONNECTIONS = 100
 # (os-release ID, VERSION_ID) -> the major version that distribution ships.
 DISTRIBUTION_MAJOR = {

@@ -5,9 +5,6 @@ verifier under a key kept on the node (digest_key), so no output lets anyone tes
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import os
 import shlex
 
@@ -16,50 +13,9 @@ from pyinfra.api import StringCommand, operation
 
 from deploy.facts.postgresql import RoleVerifier, psql_stdin
 from deploy.facts.trust import SecretFileState
+from deploy.postgresql_node import DIGEST_KEY, hmac_key, password_matches, scram_verifier
 from deploy.secrets import Secret
 from roles.shared_ops import node_file, upload_secret
-
-SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
-# The node's key for the keyed digest of the role's verifier (digest_key, RoleVerifier).
-DIGEST_KEY = "/var/lib/gpu-cluster/digest.key"
-
-
-# --- SCRAM-SHA-256 (RFC 5802/7677), as PostgreSQL stores it in pg_authid.rolpassword --------
-
-
-def scram_verifier(password: str, salt: bytes, iterations: int = SCRAM_ITERATIONS) -> str:
-    """SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, all base64.
-
-    PostgreSQL normalises the password with SASLprep first; that is the identity for ASCII
-    passwords, and PostgreSQL itself falls back to the raw bytes when SASLprep fails.
-    """
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode() for b in (salt, stored_key, server_key))
-    return f"SCRAM-SHA-256${iterations}:{salt_b64}${stored_b64}:{server_b64}"
-
-
-def hmac_key(stored: bytes | None) -> bytes | None:
-    """K from the node's key file (K xor ipad, then K xor opad: see RoleVerifier), or None."""
-    if stored is None or len(stored) != 128:
-        return None
-    return bytes(b ^ 0x36 for b in stored[:64])
-
-
-def password_matches(password: str, current: dict | None, key: bytes | None) -> bool:
-    """Whether the role's current verifier (salt + keyed digest, see RoleVerifier) is `password`'s."""
-    if not key or not current or not current["salt"]:
-        return False
-    try:
-        iterations, salt = current["salt"].split(":", 1)
-        expected = scram_verifier(password, base64.b64decode(salt), int(iterations))
-    except ValueError:
-        return False
-    return hmac.compare_digest(
-        hmac.new(key, expected.encode(), hashlib.sha256).hexdigest(), current["digest"]
-    )
 
 
 @operation()

@@ -5,10 +5,10 @@ PullImage inspects first), and a registry that is down shows at deploy time, not
 configure: with `sources.registry_ca`, that CA as /etc/docker/certs.d/<registry>/ca.crt, the
            per-registry CA directory Docker reads on every connection (Docker's "Verify
            repository client with certificates": no daemon restart)
-install:   `docker image pull` of determined.task_image.gpu and .cpu as images.site_ref names
-           them (from `sources.registry` when set), unless present. A reference with a digest
-           is present only as that exact image, so a second deploy pulls nothing; one
-           without (the defaults) is pulled once, by tag.
+install:   `docker image pull` of determined.task_image.gpu and .cpu as the model's task_refs
+           name them (images.site_ref: from `sources.registry` when set), unless present. A
+           reference with a digest is present only as that exact image, so a second deploy
+           pulls nothing; one without (the defaults) is pulled once, by tag.
 
 Registry credentials are out of scope: a registry that needs a login needs `docker login`
 on each agent (and task_container_defaults.registry_auth for Determined's own pulls).
@@ -20,18 +20,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import docker, files
 
 from deploy.cluster import Cluster, Node
-from deploy.cluster.images import site_ref
 
 CERTS_D = "/etc/docker/certs.d"
 
 
 def pulled(cluster: Cluster) -> list[str]:
-    """The references this role pulls, GPU image first, each once."""
-    refs = [
-        site_ref(cluster, cluster.determined.task_image.gpu),
-        site_ref(cluster, cluster.determined.task_image.cpu),
-    ]
-    return list(dict.fromkeys(refs))
+    """The references this role pulls (the model's task_refs), GPU image first, each once."""
+    return list(cluster.task_refs.pulled)
 
 
 @deploy("Trial images on the agent")

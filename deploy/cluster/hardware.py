@@ -19,13 +19,15 @@ Sources of the numbers:
   100 GB/s is this toolkit's floor for a DGX-1V hybrid cube mesh (NVLink 2), not a vendor's.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Hardware's keys are its annotations, read once
+# (keys.specs), as in deploy/cluster/model.py.
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
+from deploy.cluster import checks
 from deploy.cluster.checks import Check, check
-from deploy.cluster.keys import Computed, Key
+from deploy.cluster.keys import Computed, Key, allowed, read
 from deploy.cluster.reader import Map, Reader
 
 GPU_MEMORY_TOLERANCE = 0.03
@@ -100,17 +102,52 @@ def preset_key(check_: Check[Any], doc: str) -> Key:
     return Key(check_, Computed("from `preset`"), doc)
 
 
+# The keys of `hardware` (a section of cluster.yaml, and a node's own): here beside their
+# presets and checks, to keep deploy/cluster/model.py short.
+@dataclass(frozen=True)
+class Hardware:
+    """What an agent node is expected to have (tests/verify/test_health.py checks it)."""
+
+    preset: Annotated[
+        str,
+        Key(checks.choice(PRESET_NAMES), DEFAULT_PRESET, "fills each key below not written"),
+    ]
+    gpu_model: Annotated[str, preset_key(gpu_name, "every GPU's name, as `nvidia-smi -L` shows it")]
+    gpu_count: Annotated[int, preset_key(checks.integer(0, 64), "the GPUs nvidia-smi lists")]
+    gpu_memory_mib: Annotated[
+        int, preset_key(checks.integer(1024), "each GPU's memory (MiB), less 3% at most")
+    ]
+    host_memory_gib: Annotated[
+        float | None,
+        Key(checks.number_at_least(1), None, "MemTotal (/proc/meminfo), GiB; unset: not checked"),
+    ]
+    host_memory_tolerance_pct: Annotated[
+        float, Key(tolerance_pct, 3.0, "how far MemTotal may fall below `host_memory_gib`")
+    ]
+    cpu_count: Annotated[
+        int | None, Key(checks.integer(1), None, "logical CPUs (`nproc`); unset: not checked")
+    ]
+    ib_ports: Annotated[
+        int, preset_key(checks.integer(0, 64), "InfiniBand ports, each Active at rate and width")
+    ]
+    ib_rate_gbps: Annotated[int, preset_key(ib_rate, "each IB port's rate, ibstat's `Rate:`")]
+    ib_width: Annotated[str, preset_key(checks.choice(IB_WIDTHS), "each IB port's width (ibstatus)")]
+    host_device_gbps: Annotated[
+        float, preset_key(checks.number_at_least(0), "`--hardware`: host<->GPU, GB/s")
+    ]
+    nccl_busbw_gbps: Annotated[float, preset_key(checks.number_at_least(0), "`--hardware`: all-reduce, GB/s")]
+    ib_write_gbps: Annotated[float, preset_key(checks.number_at_least(0), "`--hardware`: ib_write_bw, Gb/s")]
+
+
 @check("mapping of `hardware.*` keys")
 def node_keys(r: Reader, path: str, v: Any) -> dict[str, Any] | None:
     """A node's own hardware keys, each checked as the cluster's are: {key: value} as written."""
-    from deploy.cluster import keys, model  # model imports this module: read at call time
-
     if not isinstance(v, dict):
         r.bad(path, v, "must be a mapping of hardware keys, like {preset: v100-sxm2-32gb, ib_ports: 4}")
         return None
     before = len(r.problems)
-    m = Map(r, v, path, keys.allowed(model.Hardware))
-    values = keys.read(m, model.Hardware)
+    m = Map(r, v, path, allowed(Hardware))
+    values = read(m, Hardware)
     if len(r.problems) > before:
         return None
     return {k: values[k] for k in values if m.given(k)}

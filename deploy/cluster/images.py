@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +251,25 @@ def registry_ca_file(r: Reader, path: str, v: Any) -> str | None:
     else:
         return v
     return None
+
+
+@dataclass(frozen=True)
+class TaskRefs:
+    """determined.task_image as the agents pull it (roles/task_images.py) and master.yaml names
+    it: each through site_ref, once, in the model (Cluster.task_refs)."""
+
+    gpu: str
+    cpu: str
+
+    @property
+    def pulled(self) -> tuple[str, ...]:
+        """The references, GPU image first, each once (both keys may name one image)."""
+        return tuple(dict.fromkeys((self.gpu, self.cpu)))
+
+
+def task_refs(cluster: Cluster) -> TaskRefs:
+    image = cluster.determined.task_image
+    return TaskRefs(gpu=site_ref(cluster, image.gpu), cpu=site_ref(cluster, image.cpu))
 
 
 def site_ref(cluster: Cluster, ref: str) -> str:

@@ -7,11 +7,12 @@ A `Cluster` exists only once every check passed: no other field is ever None.
 """
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 from deploy.cluster import checks, credentials, hardware, images, master_tls, storage_keys, storage_tls
+from deploy.cluster.hardware import Hardware
 from deploy.cluster.keys import (
     ArtifactKey,
     Computed,
@@ -339,6 +340,14 @@ class Storage:
     determined_secret_key: Annotated[Secret | None, storage_keys.DETERMINED_SECRET_KEY]
     backup_secret_key: Annotated[Secret | None, storage_keys.BACKUP_SECRET_KEY]
     tls: Annotated[storage_tls.StorageTls, storage_tls.SECTION]
+    # Not keys: the secret keys of determined_user and backup_user, each the one given above or
+    # derived from secret_key (storage_keys.user_secrets), once, here; every consumer reads these.
+    determined_secret: Secret = field(init=False, repr=False, compare=False)
+    backup_secret: Secret = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, secret in storage_keys.user_secrets(self).items():
+            object.__setattr__(self, name, secret)  # frozen: set once, as __init__ sets a field
 
 
 _IDENTIFIER = checks.matching(
@@ -442,46 +451,6 @@ class Determined:
     tls: Annotated[master_tls.DeterminedTls, master_tls.SECTION]
 
 
-_by_preset = hardware.preset_key  # a key whose default comes from `preset`
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """What an agent node is expected to have (tests/verify/test_health.py checks it)."""
-
-    preset: Annotated[
-        str,
-        Key(
-            checks.choice(hardware.PRESET_NAMES), hardware.DEFAULT_PRESET, "fills each key below not written"
-        ),
-    ]
-    gpu_model: Annotated[str, _by_preset(hardware.gpu_name, "every GPU's name, as `nvidia-smi -L` shows it")]
-    gpu_count: Annotated[int, _by_preset(checks.integer(0, 64), "the GPUs nvidia-smi lists")]
-    gpu_memory_mib: Annotated[
-        int, _by_preset(checks.integer(1024), "each GPU's memory (MiB), less 3% at most")
-    ]
-    host_memory_gib: Annotated[
-        float | None,
-        Key(checks.number_at_least(1), None, "MemTotal (/proc/meminfo), GiB; unset: not checked"),
-    ]
-    host_memory_tolerance_pct: Annotated[
-        float, Key(hardware.tolerance_pct, 3.0, "how far MemTotal may fall below `host_memory_gib`")
-    ]
-    cpu_count: Annotated[
-        int | None, Key(checks.integer(1), None, "logical CPUs (`nproc`); unset: not checked")
-    ]
-    ib_ports: Annotated[
-        int, _by_preset(checks.integer(0, 64), "InfiniBand ports, each Active at rate and width")
-    ]
-    ib_rate_gbps: Annotated[int, _by_preset(hardware.ib_rate, "each IB port's rate, ibstat's `Rate:`")]
-    ib_width: Annotated[str, _by_preset(checks.choice(hardware.IB_WIDTHS), "each IB port's width (ibstatus)")]
-    host_device_gbps: Annotated[
-        float, _by_preset(checks.number_at_least(0), "`--hardware`: host<->GPU, GB/s")
-    ]
-    nccl_busbw_gbps: Annotated[float, _by_preset(checks.number_at_least(0), "`--hardware`: all-reduce, GB/s")]
-    ib_write_gbps: Annotated[float, _by_preset(checks.number_at_least(0), "`--hardware`: ib_write_bw, Gb/s")]
-
-
 @dataclass(frozen=True)
 class Node:
     hostname: Annotated[
@@ -538,6 +507,11 @@ class Node:
         ),
     ]
 
+    @property
+    def ipoib_name(self) -> str:
+        """The node's name on the IPoIB network, in every node's /etc/hosts (roles/hosts.py)."""
+        return f"{self.hostname}-{self.ipoib_interface}"
+
     def to_json(self) -> dict:
         return {
             "hostname": self.hostname,
@@ -592,6 +566,15 @@ class Cluster:
             "boolean and is refused",
         ),
     ]
+    # Not keys: values derived from the keys above, once, when rules.py builds the model (and on
+    # dataclasses.replace); the roles, verify and `experiment` read them, none computes them.
+    trial_endpoint: str = field(init=False, compare=False)  # storage.endpoint_url as trials reach it
+    task_refs: images.TaskRefs = field(init=False, compare=False)  # the task images as pulled
+
+    def __post_init__(self) -> None:
+        endpoint = storage_tls.trial_endpoint(self.storage, self.storage_node)
+        object.__setattr__(self, "trial_endpoint", endpoint)  # frozen: set once, as __init__ would
+        object.__setattr__(self, "task_refs", images.task_refs(self))
 
     def node(self, hostname: str) -> Node:
         for n in self.nodes:

@@ -289,11 +289,11 @@ def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | Non
     key = "storage.endpoint_url"
     node = next((n for n in nodes or () if n.hostname == host), None)
     if node is not None:
-        # The names and addresses of the storage node; <host>-<interface> is its IPoIB name
-        # in every node's /etc/hosts (roles/hosts.py).
+        # The names and addresses of the storage node; ipoib_name is its IPoIB name in every
+        # node's /etc/hosts (roles/hosts.py).
         names = [host, str(node.address), str(node.ipoib_address)]
         if node.ipoib_interface is not None:
-            names.insert(1, f"{host}-{node.ipoib_interface}")
+            names.insert(1, node.ipoib_name)
         if url_host.rstrip(".").lower() not in [n.lower() for n in names]:
             r.bad(
                 key,

@@ -5,13 +5,19 @@ Determined signs with (deploy/minio_iam.py); its name follows MinIO's access key
 (minio/minio internal/auth/credentials.go: 3 to 20 characters, none of the reserved `=,`).
 `endpoint_url`: computed https when storage.tls is set (deploy/cluster/storage_tls.py).
 `determined_secret_key`, `backup_secret_key`: optional secrets of those users; unset, each is
-derived from the root password (deploy/minio_iam.py secret_key).
+derived from the root password (user_secrets, below: the model's Storage.determined_secret and
+backup_secret, which every consumer reads).
 """
 
+import base64
+import functools
+import hashlib
 import re
+from typing import Any
 
 from deploy.cluster import checks
 from deploy.cluster.keys import Computed, Key, SecretKey
+from deploy.secrets import Secret, SecretRef
 
 CONSOLE = Key(
     checks.choice(("localhost", "all", "disabled")),
@@ -76,3 +82,45 @@ BACKUP_SECRET_KEY = SecretKey(
     optional=True,
     content=user_secret_problem,
 )
+
+
+# What a derived secret names as its origin in a repr (never the value): not a reference a
+# cluster.yaml can hold, so it cannot be mistaken for the root password's own.
+DERIVED = SecretRef("derived", "storage.secret_key")
+
+
+@functools.lru_cache(maxsize=8)
+def derive_secret(root_secret: str, user: str) -> str:
+    """A user's secret key derived from MinIO's root password with scrypt, salted with the
+    user's name (so each user's differs).
+
+    One-way, so holding it (as every trial holds Determined's) does not give the root password
+    nor another user's key away; a guessable root password could still be guessed from it,
+    hence the docs ask for a long random storage.secret_key. 40 characters of [A-Za-z0-9_-]:
+    safe in YAML and env files. Cached: a process loads the same cluster.yaml again and again.
+    """
+    raw = hashlib.scrypt(
+        root_secret.encode(), salt=f"gpu-cluster/minio/{user}".encode(), n=2**14, r=8, p=1, dklen=30
+    )
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _user_secret(given: Secret | None, root: Secret | None, user: str | None) -> Secret | None:
+    if given is not None:
+        return given
+    if root is None or user is None:
+        return None  # a problem with that key: no Cluster is built
+    # Unresolved (load_cluster(resolve_secrets=False)) like the root password it comes from.
+    return Secret(DERIVED, derive_secret(root.value, user) if root.resolved else None)
+
+
+def user_secrets(storage: Any) -> dict[str, Secret | None]:
+    """The secret keys of the deploy's MinIO users (deploy/minio_iam.py), by the model's field
+    names: the one cluster.yaml gives (storage.determined_secret_key / backup_secret_key), else
+    derived from MinIO's root password."""
+    return {
+        "determined_secret": _user_secret(
+            storage.determined_secret_key, storage.secret_key, storage.determined_user
+        ),
+        "backup_secret": _user_secret(storage.backup_secret_key, storage.secret_key, storage.backup_user),
+    }

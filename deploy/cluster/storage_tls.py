@@ -37,7 +37,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -385,14 +385,35 @@ def default_scheme(tls: StorageTls | None) -> str:
 
 def trial_address(host: str | None, node: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The storage node's address trial containers use for endpoint_url's `host`, when `host`
-    is one of the node's names (roles/determined_master.py trial_endpoint: Docker's bridge
-    network does not see the node's /etc/hosts); None when `host` is used as written."""
+    is one of the node's names (trial_endpoint below: Docker's bridge network does not see the
+    node's /etc/hosts); None when `host` is used as written."""
     if node is None or host is None:
         return None
     names = {node.hostname.lower(): node.address}
     if node.ipoib_interface is not None:
-        names[f"{node.hostname}-{node.ipoib_interface}".lower()] = node.ipoib_address
+        names[node.ipoib_name.lower()] = node.ipoib_address
     return names.get(host.rstrip(".").lower())
+
+
+def trial_endpoint(storage: Any, node: Any) -> str:
+    """storage.endpoint_url as trial containers can reach it: with the storage node's address
+    where it names the node by hostname. The model's Cluster.trial_endpoint, computed once.
+
+    Determined hands master.yaml's checkpoint_storage to every trial (it is the experiments'
+    default) and its S3 config has no second, container-side endpoint. A single-agent trial
+    runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/hosts.py),
+    so a node's hostname does not resolve there. With https the certificate names that address
+    too: check_tls refuses one that does not. No trailing slash: Determined joins endpoint and
+    key itself, and a slash gives "//key" requests.
+    """
+    url = storage.endpoint_url.rstrip("/")
+    parts = urlsplit(url)
+    address = trial_address(parts.hostname, node)
+    if address is None:
+        return url
+    host = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def key_mismatch(certs: list[x509.Certificate], private_key: Secret) -> str | None:

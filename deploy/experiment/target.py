@@ -1,7 +1,8 @@
 """What this cluster offers an experiment, read from cluster.yaml alone (no node contacted).
 
-The values are the deploy's own: the checkpoint endpoint and bucket master.yaml gives trials
-(roles/determined_master.py), the task images the agents pulled (deploy.cluster.images.site_ref).
+The values are the deploy's own, read from the model: the checkpoint endpoint and bucket
+master.yaml gives trials (Cluster.trial_endpoint), the task images the agents pulled
+(Cluster.task_refs).
 NVLink domains are not in cluster.yaml (the deploy reads them from each node's
 `nvidia-smi topo -m`); `python -m deploy verify` prints the largest slots_per_trial that stays
 inside one domain, and `--nvlink-slots N` hands that number in.
@@ -13,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.cluster import Cluster, ClusterError, load_cluster
-from deploy.cluster.images import site_ref
-from roles.determined_master import trial_endpoint
 
 
 @dataclass(frozen=True)
@@ -72,11 +71,11 @@ def load(path: str, nvlink_slots: int | None = None) -> Target:
     return Target(
         path=path,
         bucket=cluster.storage.bucket,
-        endpoint_url=trial_endpoint(cluster),
+        endpoint_url=cluster.trial_endpoint,
         prefix=cluster.storage.prefix,
         region=cluster.storage.region,
-        image_gpu=site_ref(cluster, cluster.determined.task_image.gpu),
-        image_cpu=site_ref(cluster, cluster.determined.task_image.cpu),
+        image_gpu=cluster.task_refs.gpu,
+        image_cpu=cluster.task_refs.cpu,
         driver=cluster.versions.nvidia_driver,
         agent_slots=agent_slots(cluster),
         agent_sizes=agent_sizes(cluster),

@@ -140,8 +140,6 @@ print(json.dumps({
 
 def test_a_trial_container_cannot_touch_the_backups(deployed, lab, lab_ssh):
     """The same from inside a task image on an agent, over the endpoint trials get."""
-    from deploy.cluster.images import site_ref
-
     from .test_scheduler_lab import run_on
 
     master = lab.master_node.hostname
@@ -158,7 +156,7 @@ def test_a_trial_container_cannot_touch_the_backups(deployed, lab, lab_ssh):
         "prefix": pg_backup.PREFIX,
         "dump": listed[-1],
     }
-    image = shlex.quote(site_ref(lab, lab.determined.task_image.gpu))
+    image = shlex.quote(lab.task_refs.gpu)
     agent = lab.agents[0].hostname
     run = run_on(
         lab,

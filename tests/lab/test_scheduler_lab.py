@@ -47,13 +47,11 @@ PATTERNS = "/root/.scheduler-lab-patterns"  # removed again by every test that w
 
 
 def secrets_of(cluster) -> list[str]:
-    from deploy.minio_iam import backup_secret_key, determined_secret_key
-
     return [
         cluster.storage.access_key.value,
         cluster.storage.secret_key.value,
-        determined_secret_key(cluster.storage),  # Determined's MinIO user (deploy/minio_iam.py)
-        backup_secret_key(cluster.storage),  # pg-backup's MinIO user
+        cluster.storage.determined_secret.value,  # Determined's MinIO user (deploy/minio_iam.py)
+        cluster.storage.backup_secret.value,  # pg-backup's MinIO user
         cluster.database.password.value,
         cluster.determined.admin_password.value,
     ]

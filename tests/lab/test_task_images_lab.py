@@ -13,8 +13,6 @@ import urllib.request
 
 import pytest
 
-from deploy.cluster.images import site_ref
-
 from . import registry
 
 
@@ -43,7 +41,7 @@ def test_registry_serves_the_three_images_over_tls(lab):
 
 
 def test_agents_have_both_images_and_dockers_settings(deployed, lab, lab_ssh):
-    refs = [site_ref(lab, lab.determined.task_image.gpu), site_ref(lab, lab.determined.task_image.cpu)]
+    refs = [lab.task_refs.gpu, lab.task_refs.cpu]
     assert all(r.startswith(f"{registry.HOST}/determinedai/environments:") for r in refs)
     ca = registry.CA_CRT.read_text()
     for agent in lab.agents:
@@ -61,7 +59,7 @@ def test_agents_have_both_images_and_dockers_settings(deployed, lab, lab_ssh):
 
 
 def test_gpu_image_imports_boto3_on_the_bridge_with_the_memlock_limit(deployed, lab, lab_ssh):
-    ref = shlex.quote(site_ref(lab, lab.determined.task_image.gpu))
+    ref = shlex.quote(lab.task_refs.gpu)
     h = lab.agents[0].hostname
     boto = lab_ssh(
         h, f"docker run --rm --network bridge {ref} python3 -c 'import boto3; print(boto3.__version__)'"

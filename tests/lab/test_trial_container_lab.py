@@ -39,7 +39,7 @@ def gpu_run(image: str, *args: str) -> str:
 
 
 def test_gpu_containers_and_the_fabric_manager(deployed, lab, lab_ssh):
-    image = site_ref(lab, lab.determined.task_image.gpu)
+    image = lab.task_refs.gpu
     switched = nvswitch_nodes()
     assert switched, "lab-hardware.yaml names no node with NVSwitches"
     for agent in lab.agents:
@@ -67,7 +67,7 @@ def test_breaks_turn_exactly_their_cells_red_and_a_deploy_repairs_them(
     master = lab.master_node.hostname
     storage = lab.storage_node
     switched = nvswitch_nodes()
-    image = site_ref(lab, lab.determined.task_image.gpu)
+    image = lab.task_refs.gpu
     unresolvable = f"http://{storage.hostname}:{lab.storage.port}"
     ngc = site_ref(lab, CUDA_124_IMAGE)
     edit = (

@@ -3,6 +3,7 @@ database backup program (files/pg_backup/pg-backup) against the lab's MinIO stan
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import importlib.machinery
@@ -18,7 +19,6 @@ from minio.signer import sign_v4_s3
 from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 
-from deploy import minio_iam
 from deploy.cluster import load_cluster
 from roles import minio, pg_backup, preflight
 from roles.shared_ops import env_file
@@ -63,8 +63,8 @@ def test_drop_in_requires_the_mount(lab_cluster):
     text = minio.data_mount_drop_in(lab_cluster)
     assert "RequiresMountsFor=/mnt/data\n" in text
     assert "AssertPathIsMountPoint=/mnt/data\n" in text
-    root_disk = type(lab_cluster.storage)(**{**vars(lab_cluster.storage), "data_on_root_disk": True})
-    cluster = type(lab_cluster)(**{**vars(lab_cluster), "storage": root_disk})
+    root_disk = dataclasses.replace(lab_cluster.storage, data_on_root_disk=True)
+    cluster = dataclasses.replace(lab_cluster, storage=root_disk)
     text = minio.data_mount_drop_in(cluster)
     assert "RequiresMountsFor=/mnt/data\n" in text and "\nAssertPathIsMountPoint=" not in text
 
@@ -82,9 +82,9 @@ def test_backup_keys_are_pg_backups_own(lab_cluster):
     storage = lab_cluster.storage
     text = pg_backup.s3_env(lab_cluster)
     assert prog.S3_ENV == pg_backup.S3_ENV == "/etc/pg-backup/s3.env"
-    assert storage.secret_key.value not in text and minio_iam.determined_secret_key(storage) not in text
+    assert storage.secret_key.value not in text and storage.determined_secret.value not in text
     assert f'AWS_ACCESS_KEY_ID="{storage.backup_user}"' in text
-    assert f'AWS_SECRET_ACCESS_KEY="{minio_iam.backup_secret_key(storage)}"' in text
+    assert f'AWS_SECRET_ACCESS_KEY="{storage.backup_secret.value}"' in text
     assert pg_backup.S3_ENV in pg_backup.conf(lab_cluster)
 
 
@@ -117,7 +117,7 @@ def test_role_writes_the_keys_with_secret_file(monkeypatch, lab_cluster):
     ]
     for secret_value in (
         lab_cluster.storage.secret_key.value,
-        minio_iam.backup_secret_key(lab_cluster.storage),
+        lab_cluster.storage.backup_secret.value,
     ):
         assert not any(secret_value in text for text in shown)
 

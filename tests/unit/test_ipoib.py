@@ -160,6 +160,8 @@ def test_node_interface_defaults_to_the_clusters_and_can_be_named(tmp_path, monk
         ("ipoib_address: 198.51.100.11,", "ipoib_address: 198.51.100.11, ipoib_interface: ibp65s0,"),
     )
     assert [(n.hostname, n.ipoib_interface) for n in c.nodes] == [("m1", "ib0"), ("a1", "ibp65s0")]
+    # Each node's name on the IPoIB network (every /etc/hosts, storage.endpoint_url, verify).
+    assert [n.ipoib_name for n in c.nodes] == ["m1-ib0", "a1-ibp65s0"]
     assert c.network.ipoib.mode == "datagram"
 
 

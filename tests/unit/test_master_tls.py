@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from deploy import master_http
+from deploy import determined_node, master_http
 from deploy.cluster import ClusterError, load_cluster
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.determined_users import MasterUsers, program_command
@@ -34,6 +34,7 @@ from tests.unit.tls_material import (
     tls_keys,
     write,
 )
+from tests.verify.master_config import differences, expected_master_yaml
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 
 PROGRAM = determined_common.__file__.replace("roles/determined_common.py", "files/determined/master-users.py")
@@ -224,6 +225,9 @@ def test_master_yaml_with_and_without_tls(load, pki):
     }
     # Always written: Determined's default with TLS is 8443.
     assert on["port"] == 23457 and on["security"]["initial_user_password"] == NASTY["T_ADMIN"]
+    # verify's own oracle (tests/verify/master_config.py) agrees, with and without TLS.
+    assert differences(on, expected_master_yaml(load(tls_keys(pki)))) == []
+    assert differences(off, expected_master_yaml(load(None))) == []
 
 
 @pytest.mark.parametrize("layout", ["per_node", "per_domain"])
@@ -245,8 +249,8 @@ def test_agent_yaml_with_and_without_tls(load, pki, layout):
 
 
 def test_health_check_by_name_against_the_ca(load, pki):
-    assert determined_tls.health_check(load(None)) == ("http://127.0.0.1:23457/health", None, {})
-    assert determined_tls.health_check(load(tls_keys(pki))) == (
+    assert determined_node.health_check(load(None)) == ("http://127.0.0.1:23457/health", None, {})
+    assert determined_node.health_check(load(tls_keys(pki))) == (
         "https://m1:23457/health",
         "m1:23457:127.0.0.1",
         {"CURL_CA_BUNDLE": "/etc/determined/certs/master-ca.crt"},

@@ -26,7 +26,7 @@ from pyinfra.api import FunctionCommand
 from pyinfra.context import ctx_host
 
 from deploy import minio_iam
-from deploy.cluster import ClusterError, load_cluster
+from deploy.cluster import ClusterError, load_cluster, storage_keys
 from roles import minio
 from roles import minio_iam as roles_minio_iam
 from tests.unit.test_standin_minio import MinioProcess
@@ -128,17 +128,28 @@ def test_bad_values(env, tmp_path, key, value, what):
 
 
 def test_derived_secret_keys(env, tmp_path):
+    """The model derives each user's key once, at load (deploy/cluster/storage_keys.py)."""
     c = load_cluster(cluster_file(tmp_path))
-    key = minio_iam.determined_secret_key(c.storage)
+    key = c.storage.determined_secret.value
     assert len(key) == minio_iam.SECRET_KEY_LENGTH
-    assert key == minio_iam.determined_secret_key(c.storage)
+    assert key == load_cluster(cluster_file(tmp_path)).storage.determined_secret.value
     assert ROOT_SECRET not in key and key.replace("-", "").replace("_", "").isalnum()
     other = load_cluster(cluster_file(tmp_path, determined_user="trials"))
-    assert minio_iam.determined_secret_key(other.storage) != key
+    assert other.storage.determined_secret.value != key
     # pg-backup's is its own: a trial holding Determined's key cannot compute it.
-    backup = minio_iam.backup_secret_key(c.storage)
+    backup = c.storage.backup_secret.value
     assert len(backup) == minio_iam.SECRET_KEY_LENGTH and backup != key
-    assert backup == minio_iam.secret_key(c.storage, "pg-backup")
+    assert backup == storage_keys.derive_secret(ROOT_SECRET, "pg-backup")
+    # The users the deploy makes carry them; no repr shows one.
+    assert [u.secret for u in minio_iam.users(c.storage)] == [
+        c.storage.determined_secret,
+        c.storage.backup_secret,
+    ]
+    shown = repr(c) + repr(c.storage.determined_secret) + repr(minio_iam.users(c.storage))
+    assert key not in shown and backup not in shown and ROOT_SECRET not in shown
+    # Without resolving secrets there is no root password to derive from: unresolved too.
+    unresolved = load_cluster(cluster_file(tmp_path), resolve_secrets=False).storage.determined_secret
+    assert not unresolved.resolved
 
 
 def _secret(tmp_path, name: str, text: str) -> str:
@@ -157,12 +168,11 @@ def test_given_secret_keys_replace_the_derived_ones(env, tmp_path):
             backup_secret_key=_secret(tmp_path, "backup.key", backup),
         )
     )
-    assert minio_iam.determined_secret_key(c.storage) == own
-    assert minio_iam.backup_secret_key(c.storage) == backup
+    assert c.storage.determined_secret.value == own
+    assert c.storage.backup_secret.value == backup
     only_one = load_cluster(cluster_file(tmp_path, determined_secret_key=_secret(tmp_path, "d.key", own)))
-    assert minio_iam.backup_secret_key(only_one.storage) == minio_iam.secret_key(
-        load_cluster(cluster_file(tmp_path)).storage, "pg-backup"
-    )
+    derived = load_cluster(cluster_file(tmp_path)).storage.backup_secret
+    assert only_one.storage.backup_secret == derived
 
 
 @pytest.mark.parametrize(
@@ -362,11 +372,11 @@ def deployed(env, tmp_path, server):
 
 
 def trial_client(server, cluster) -> Minio:
-    return server.client(minio_iam.determined_secret_key(cluster.storage), "us-east-1", "determined")
+    return server.client(cluster.storage.determined_secret.value, "us-east-1", "determined")
 
 
 def backup_client(server, cluster) -> Minio:
-    return server.client(minio_iam.backup_secret_key(cluster.storage), "us-east-1", "pg-backup")
+    return server.client(cluster.storage.backup_secret.value, "us-east-1", "pg-backup")
 
 
 def test_second_ensure_changes_nothing(deployed):
@@ -397,7 +407,7 @@ def test_scoped_key_works_in_the_bucket_and_nowhere_else(deployed, server):
 def test_scoped_key_is_refused_the_admin_api(deployed, server):
     admin = MinioAdmin(
         endpoint=f"127.0.0.1:{server.port}",
-        credentials=StaticProvider("determined", minio_iam.determined_secret_key(deployed.storage)),
+        credentials=StaticProvider("determined", deployed.storage.determined_secret.value),
         region="us-east-1",
         secure=False,
     )
@@ -478,7 +488,7 @@ def test_backup_keys_do_what_pg_backup_does_and_nothing_else(deployed, server, t
     """files/pg_backup/pg-backup's own requests with its own keys, then what it must not do."""
     storage = deployed.storage
     conf = {"PGB_ENDPOINT": f"http://127.0.0.1:{server.port}", "PGB_BUCKET": "det-checkpoints"}
-    keys = {"AWS_ACCESS_KEY_ID": "pg-backup", "AWS_SECRET_ACCESS_KEY": minio_iam.backup_secret_key(storage)}
+    keys = {"AWS_ACCESS_KEY_ID": "pg-backup", "AWS_SECRET_ACCESS_KEY": storage.backup_secret.value}
     bucket = pg_backup_program.Bucket({**conf, "PGB_REGION": "us-east-1"}, keys)
     prefix = minio_iam.BACKUP_PREFIX
     names = [f"{prefix}determined-2026113{i}T023000Z-nightly.dump" for i in range(3)]
@@ -579,9 +589,7 @@ def test_errors_name_no_secret(env, tmp_path, server):
     with pytest.raises(minio_iam.IamError) as e:
         minio_iam.read_state(cluster, admin=bad)
     assert "SignatureDoesNotMatch" in str(e.value)
-    assert ROOT_SECRET not in str(e.value) and minio_iam.determined_secret_key(cluster.storage) not in str(
-        e.value
-    )
+    assert ROOT_SECRET not in str(e.value) and cluster.storage.determined_secret.value not in str(e.value)
 
 
 def test_stand_in_encrypts_like_madmin(server):

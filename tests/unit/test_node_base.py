@@ -65,7 +65,11 @@ def test_cgroup_unit_from_proc_cgroup_lines():
 
 def _cluster():
     node = lambda h, a, i, f="ib0": SimpleNamespace(  # noqa: E731
-        hostname=h, address=ipaddress.ip_address(a), ipoib_address=ipaddress.ip_address(i), ipoib_interface=f
+        hostname=h,
+        address=ipaddress.ip_address(a),
+        ipoib_address=ipaddress.ip_address(i),
+        ipoib_interface=f,
+        ipoib_name=f"{h}-{f}",  # the model's Node.ipoib_name (tests/unit/test_ipoib.py)
     )
     return SimpleNamespace(
         nodes=(node("m", "10.0.0.10", "10.1.0.10"), node("g1", "10.0.0.11", "10.1.0.11", "ibp65s0")),

@@ -7,11 +7,16 @@ and a repository that stands alone.
   underscore or replaces an attribute of something imported from pyinfra; everything else uses
   pyinfra's documented API, so an upgrade breaks in one known place.
 - Code and docs point at nothing outside the repository: users of the toolkit have only it.
+- tests/verify imports no role: it checks what the roles did, from the model and neutral modules.
+- Values derived from cluster.yaml (the trials' endpoint, the task images' site references, the
+  MinIO users' secret keys) are computed in deploy/cluster only, once; everyone else reads them.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +148,122 @@ def test_nothing_points_outside_the_repository():
         text = path.read_text(errors="replace")
         offenders += [f"{_rel(path)}: {word}" for word in OUTSIDE if word in text]
     assert not offenders, offenders
+
+
+# --- verify is its own oracle ---------------------------------------------------------------
+# tests/verify checks what the roles did: importing a role would make the deploy's own code the
+# judge of its result. What both need (a path, a vendor's minimum, a naming convention, a value
+# derived from cluster.yaml) lives in the model or a neutral deploy/ module both import.
+
+
+def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of every import, `from x import y` also as x.y (y may be a module)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _is_role(module: str) -> bool:
+    return module == "roles" or module.startswith("roles.")
+
+
+@pytest.mark.parametrize("path", _python_files("tests/verify"), ids=_rel)
+def test_verify_imports_no_role_module(path):
+    roles = [f"line {n}: {m}" for n, m in _imported_modules(ast.parse(path.read_text())) if _is_role(m)]
+    assert not roles, f"{_rel(path)} imports {roles}: move what it needs out of roles/"
+
+
+def test_the_role_import_detector_sees_what_it_must():
+    sample = "import roles.kernel\nfrom roles import hosts\nfrom roles.hosts import x\nimport rolesx\n"
+    found = [m for _, m in _imported_modules(ast.parse(sample)) if _is_role(m)]
+    assert found == ["roles.kernel", "roles", "roles.hosts", "roles.hosts", "roles.hosts.x"]
+    assert not [m for _, m in _imported_modules(ast.parse("from deploy import roles_x\n")) if _is_role(m)]
+
+
+def test_verify_pulls_in_no_role_module():
+    """Nor through what it imports: every module of tests/verify imported (not __main__, the
+    command line; the check above reads it), no roles.* loaded."""
+    names = [
+        f"tests.verify.{p.stem}"
+        for p in _python_files("tests/verify")
+        if p.stem not in ("__init__", "__main__")
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'roles' or m.startswith('roles.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_neutral_modules_import_no_role_either():
+    """What verify imports from deploy/ must not pull a role in behind its back."""
+    neutral = [p for p in _python_files("deploy") if "pyinfra_ext" not in p.parts and p.name != "site.py"]
+    offenders = {
+        _rel(p): m for p in neutral for _, m in _imported_modules(ast.parse(p.read_text())) if _is_role(m)
+    }
+    assert not offenders, offenders
+
+
+# --- derived values are computed once, in the model ------------------------------------------
+# deploy/cluster computes the trials' endpoint (storage_tls.trial_endpoint, trial_address), the
+# site references of the task images (images.site_ref) and the MinIO users' secret keys
+# (storage_keys.derive_secret, with scrypt) when cluster.yaml is loaded; everyone else reads
+# Cluster.trial_endpoint, Cluster.task_refs and Storage.determined_secret / backup_secret.
+DERIVATIONS = ("trial_endpoint", "trial_address", "site_ref", "derive_secret", "scrypt")
+# The function's own tests may call it on made-up input; the lab pulls an image the cluster
+# does not name (a CUDA 12.4 one, to see the driver refuse it) through the site registry.
+MAY_CALL = {
+    "site_ref": ("tests/unit/test_task_images.py", "tests/lab/"),
+    "derive_secret": ("tests/unit/test_minio_iam.py",),
+}
+
+
+def _derivation_calls(tree: ast.AST) -> list[tuple[int, str, ast.Call]]:
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func  # f(...) or module.f(...)
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name in DERIVATIONS:
+            calls.append((node.lineno, name, node))
+    return calls
+
+
+def _names_task_image(call: ast.Call) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and n.attr == "task_image" for a in call.args for n in ast.walk(a)
+    )
+
+
+def test_no_module_outside_the_model_recomputes_a_derived_value():
+    offenders = []
+    for path in _python_files(*CODE_DIRS) + [REPO / "deploy.py"]:
+        rel = _rel(path)
+        if rel.startswith("deploy/cluster/"):
+            continue
+        for line, name, call in _derivation_calls(ast.parse(path.read_text())):
+            allowed = rel.startswith(MAY_CALL.get(name, ()))
+            # Not even there for the cluster's own images: Cluster.task_refs has them.
+            if not allowed or (rel.startswith("tests/lab/") and _names_task_image(call)):
+                offenders.append(f"{rel}:{line}: {name}()")
+    assert not offenders, f"derived values recomputed outside deploy/cluster: {offenders}"
+
+
+def test_the_derivation_detector_sees_what_it_must():
+    sample = (
+        "site_ref(c, c.determined.task_image.gpu)\n"
+        "images.site_ref(c, 'x')\n"
+        "hashlib.scrypt(b'', salt=b'', n=2, r=1, p=1)\n"
+        "c.trial_endpoint\n"
+    )
+    calls = _derivation_calls(ast.parse(sample))
+    assert [(n, name) for n, name, _ in calls] == [(1, "site_ref"), (2, "site_ref"), (3, "scrypt")]
+    assert [_names_task_image(call) for _, _, call in calls] == [True, False, False]

@@ -29,7 +29,7 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.postgres import PostgresDatabases
 from pyinfra.operations import postgres
 
-from deploy import minio_iam, s3
+from deploy import s3
 from deploy.cluster import load_cluster
 from roles import (
     determined_agent,
@@ -143,7 +143,7 @@ def test_master_yaml_values(cluster):
         "bucket": "det-checkpoints",
         # Determined's bucket-only user (deploy/minio_iam.py), never MinIO's root keys.
         "access_key": "determined",
-        "secret_key": minio_iam.determined_secret_key(cluster.storage),
+        "secret_key": cluster.storage.determined_secret.value,
         "endpoint_url": "http://127.0.0.1:9000",  # m1's address: trials on the bridge network
         "save_experiment_best": 0,
         "save_trial_best": 1,
@@ -209,7 +209,7 @@ def test_minio_env_file(cluster):
 def test_master_s3_env_file(cluster):
     assert parse_env_file(determined_master.s3_env(cluster)) == {
         "AWS_ACCESS_KEY_ID": "determined",
-        "AWS_SECRET_ACCESS_KEY": minio_iam.determined_secret_key(cluster.storage),
+        "AWS_SECRET_ACCESS_KEY": cluster.storage.determined_secret.value,
         "AWS_DEFAULT_REGION": "us-east-1",
     }
 

@@ -22,6 +22,7 @@ from roles import determined_master, minio, minio_tls
 from tests.unit.test_standin_minio import SCRIPT, free_port
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.unit.tls_material import make_ca, make_intermediate, make_server, pki_files, tls_keys, write
+from tests.verify.master_config import differences, expected_master_yaml
 from tests.verify.test_determined import KNOWN_MASTER, unknown_keys
 
 
@@ -222,6 +223,17 @@ def test_master_yaml_gives_trials_the_ca(load, pki):
     assert f"REQUESTS_CA_BUNDLE={minio_tls.CONTAINER_BUNDLE}" in env
     # The certificate names 127.0.0.1, m1's address: trials on the bridge use the address.
     assert config["checkpoint_storage"]["endpoint_url"] == "https://127.0.0.1:9000"
+    # verify's own oracle (tests/verify/master_config.py) agrees, with and without the CA.
+    assert differences(config, expected_master_yaml(load(tls_keys(pki)))) == []
+    assert differences(off, expected_master_yaml(load(None))) == []
+    # A master.yaml without the CA's parts, for a cluster with it: each part named.
+    bundle, env = minio_tls.CONTAINER_BUNDLE, "task_container_defaults.environment_variables"
+    lines = differences(off, expected_master_yaml(load(tls_keys(pki))))
+    assert lines[0] == (
+        "checkpoint_storage.endpoint_url is 'http://127.0.0.1:9000', cluster.yaml implies 'https://127.0.0.1:9000'"
+    )
+    assert lines[1].startswith("task_container_defaults.bind_mounts is missing, cluster.yaml implies [{")
+    assert lines[2:] == [f"{env} lacks AWS_CA_BUNDLE={bundle}", f"{env} lacks REQUESTS_CA_BUNDLE={bundle}"]
 
 
 def test_certificate_must_name_the_address_trials_use(load, pki):
@@ -236,7 +248,7 @@ def test_certificate_must_name_the_address_trials_use(load, pki):
     write(pki["dir"] / "minio.crt", (by_ip := make_server(pki["ca"], ["127.0.0.1"])).cert_pem)
     write(pki["dir"] / "minio.key", by_ip.key_pem(), 0o600)
     cluster = load(tls_keys(pki), endpoint_url="https://127.0.0.1:9000")
-    assert determined_master.trial_endpoint(cluster) == "https://127.0.0.1:9000"
+    assert cluster.trial_endpoint == "https://127.0.0.1:9000"
 
 
 # --- the MinIO stand-in's TLS, with the deploy's client --------------------------------------

@@ -172,11 +172,10 @@ def test_without_a_registry_the_references_are_cluster_yamls(tmp_path, monkeypat
     assert task_images.pulled(cluster) == [GPU, CPU]
 
 
-def test_one_image_for_both_is_pulled_once(tmp_path, monkeypatch):
-    cluster = cluster_from(tmp_path, monkeypatch)
-    same = type(cluster.determined.task_image)(gpu=GPU, cpu=GPU)
-    cluster = SimpleNamespace(sources=cluster.sources, determined=SimpleNamespace(task_image=same))
-    assert task_images.pulled(cluster) == [GPU]
+def test_one_image_for_both_is_pulled_once():
+    assert images.TaskRefs(gpu=GPU, cpu=GPU).pulled == (GPU,)
+    assert task_images.pulled(SimpleNamespace(task_refs=images.TaskRefs(gpu=GPU, cpu=GPU))) == [GPU]
+    assert images.TaskRefs(gpu=GPU, cpu=CPU).pulled == (GPU, CPU)  # the GPU image first
 
 
 # --- daemon.json ----------------------------------------------------------------------------

@@ -170,16 +170,27 @@ def test_standin_master_accepts_the_rendered_master_yaml(tmp_path, monkeypatch):
 
 def test_verify_reads_the_real_masters_printable_shape(tmp_path, monkeypatch):
     """GET /api/v1/master/config marshals the parsed Go struct (RuntimeItems, DeviceConfig)."""
-    from tests.verify.test_determined import _as_written, expected_task_container_defaults
+    from tests.verify.master_config import differences, expected_task_container_defaults
+    from tests.verify.test_determined import _as_written
 
-    expected = expected_task_container_defaults(cluster_from(tmp_path, monkeypatch))
-    env = expected["environment_variables"]
+    cluster = cluster_from(tmp_path, monkeypatch)
+    expected = expected_task_container_defaults(cluster)
+    written = rendered(cluster)["task_container_defaults"]
+    env = written["environment_variables"]
     real = {
-        **expected,
+        **written,
         "environment_variables": {"cpu": env, "cuda": env, "rocm": env},
-        "devices": [{**d, "mode": "mrw"} for d in expected["devices"]],
+        "devices": [{**d, "mode": "mrw"} for d in written["devices"]],
         "network_mode": "bridge",
+        # Unset keys come back empty, not absent.
+        "bind_mounts": [],
+        "registry_auth": None,
     }
-    held = _as_written(real)
-    assert all(held[k] == v for k, v in expected.items())
-    assert _as_written(expected) == expected  # the lab stand-in reports the file's shape
+    assert differences(_as_written(real), expected) == []
+    # The lab stand-in reports the file's shape.
+    assert _as_written(written) == written and differences(written, expected) == []
+    # A master that kept an old image is told apart.
+    stale = {**real, "image": {"cuda": "old:1", "cpu": written["image"]["cpu"]}}
+    assert differences(_as_written(stale), expected, "task_container_defaults") == [
+        f"task_container_defaults.image.cuda is 'old:1', cluster.yaml implies {cluster.task_refs.gpu!r}"
+    ]

@@ -199,7 +199,8 @@ class FakeClient:
 
 def test_run_asks_every_node_in_parallel_and_bounds_the_dead_one():
     nodes = [
-        SimpleNamespace(hostname=h, address=f"10.0.0.{i}", ipoib_interface="ib0") for i, h in enumerate(NODES)
+        SimpleNamespace(hostname=h, address=f"10.0.0.{i}", ipoib_interface="ib0", ipoib_name=f"{h}-ib0")
+        for i, h in enumerate(NODES)
     ]
     cluster = SimpleNamespace(nodes=nodes, ssh=SimpleNamespace(port=22))
     all_ok = json.dumps({n: "" for h in NODES for n in (h, NAMES[h])})
@@ -246,7 +247,7 @@ class StuckChannel(FakeClient):
 
 
 def probe_one(client) -> reach.Reach:
-    node = SimpleNamespace(hostname="m", address="10.0.0.1", ipoib_interface="ib0")
+    node = SimpleNamespace(hostname="m", address="10.0.0.1", ipoib_interface="ib0", ipoib_name="m-ib0")
     cluster = SimpleNamespace(nodes=[node], ssh=SimpleNamespace(port=22))
     return reach.run(cluster, lambda node, timeout: client, ssh_problem, timeout=1)
 
@@ -286,7 +287,10 @@ def test_published_gives_each_verdict_before_the_whole_result(tmp_path):
 
 
 def test_run_tells_each_verdict_as_soon_as_known():
-    nodes = [SimpleNamespace(hostname=h, address="10.0.0.1", ipoib_interface="ib0") for h in ("a", "b")]
+    nodes = [
+        SimpleNamespace(hostname=h, address="10.0.0.1", ipoib_interface="ib0", ipoib_name=f"{h}-ib0")
+        for h in ("a", "b")
+    ]
     cluster = SimpleNamespace(nodes=nodes, ssh=SimpleNamespace(port=22))
     heard: list[tuple[str, object, bool]] = []
     slow = json.dumps({"a": ""})

@@ -38,8 +38,6 @@ from pathlib import Path
 
 import paramiko
 
-from roles.hosts import ib_name
-
 DEFAULT_TIMEOUT = 5.0  # seconds: --reach-timeout
 MANAGEMENT, IPOIB = "management", "IPoIB"
 NETWORKS = (MANAGEMENT, IPOIB)
@@ -180,7 +178,7 @@ class Reach:
 def network_names(cluster) -> dict[str, dict[str, str]]:
     return {
         MANAGEMENT: {n.hostname: n.hostname for n in cluster.nodes},
-        IPOIB: {n.hostname: ib_name(n.hostname, n.ipoib_interface) for n in cluster.nodes},
+        IPOIB: {n.hostname: n.ipoib_name for n in cluster.nodes},
     }
 
 

@@ -3,7 +3,8 @@
 master.yaml and agent.yaml are checked against the fields Determined 0.38 knows (KNOWN_MASTER,
 KNOWN_AGENT below, from master/internal/config and agent/internal/options at v0.38.0): the
 master and the agent refuse unknown keys, and the article's `region:` under
-checkpoint_storage is one.
+checkpoint_storage is one. Their values are checked against what cluster.yaml implies
+(tests/verify/master_config.py), written from the model, not from the deploy's templates.
 
 Secret values never reach an assertion message (comparisons become booleans first).
 """
@@ -18,14 +19,12 @@ import ssl
 import pytest
 import yaml
 
-from deploy import master_http
+from deploy import determined_node, master_http
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.postgresql import RoleVerifier
-from roles import determined_tls
-from roles.determined_master import master_yaml, trial_endpoint
-from roles.postgresql import MIN_MAJOR, password_matches
-from roles.postgresql_role import DIGEST_KEY, hmac_key
+from deploy.postgresql_node import DIGEST_KEY, MIN_CONNECTIONS, MIN_MAJOR, hmac_key, password_matches
 from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, admin_token
+from tests.verify.master_config import differences, expected_master_yaml, expected_task_container_defaults
 from tests.verify.test_storage import parse_env_file
 
 ANY = None  # a leaf, or a subtree this check does not descend into
@@ -188,7 +187,7 @@ def test_postgresql_version_and_connections(master, host_of, cluster):
     h = host_of(master)
     version = int(_psql(h, cluster, "SHOW server_version_num"))
     assert version >= MIN_MAJOR * 10000, f"PostgreSQL {version}: Determined needs {MIN_MAJOR}+"
-    assert int(_psql(h, cluster, "SHOW max_connections")) >= 96
+    assert int(_psql(h, cluster, "SHOW max_connections")) >= MIN_CONNECTIONS
     assert _psql(h, cluster, "SHOW listen_addresses") == "localhost"
     assert int(_psql(h, cluster, "SHOW port")) == cluster.database.port
 
@@ -224,7 +223,7 @@ def test_master_health_from_controller(cluster):
 
 def test_master_health_on_node(master, host_of, cluster):
     # As the deploy's start-up wait asks (https by master_host against master-ca.crt with TLS).
-    url, resolve, env = determined_tls.health_check(cluster)
+    url, resolve, env = determined_node.health_check(cluster)
     options = [f"--resolve {shlex.quote(resolve)}"] if resolve else []
     options += [f"--cacert {shlex.quote(path)}" for path in env.values()]
     code = host_of(master).check_output(
@@ -234,27 +233,21 @@ def test_master_health_on_node(master, host_of, cluster):
 
 
 def test_master_yaml(master, host_of, cluster):
+    """The node's master.yaml, parsed: only keys Determined knows, and the values cluster.yaml
+    implies (port, db, checkpoint_storage, security, task_container_defaults)."""
     h = host_of(master)
     config = _read_yaml(h, "/etc/determined/master.yaml")
     assert unknown_keys(config, KNOWN_MASTER) == []
-    assert config["port"] == cluster.master_port
-    storage = config["checkpoint_storage"]
-    assert storage["type"] == "s3" and storage["bucket"] == cluster.storage.bucket
-    assert not storage["endpoint_url"].endswith("/")
-    assert config["task_container_defaults"] == expected_task_container_defaults(cluster)
-    assert storage["endpoint_url"] == trial_endpoint(cluster)
+    differ = differences(config, expected_master_yaml(cluster))
+    assert differ == [], "master.yaml differs from cluster.yaml: " + "; ".join(differ)
     # The keys Determined's trial containers use are the ones the master's service has.
+    storage = config["checkpoint_storage"]
     env = parse_env_file(h.file("/etc/determined/master-s3.env").content_string)
     same = (
         storage["access_key"] == env["AWS_ACCESS_KEY_ID"]
         and storage["secret_key"] == env["AWS_SECRET_ACCESS_KEY"]
     )
     assert same, "checkpoint_storage keys in master.yaml differ from master-s3.env"
-
-
-def expected_task_container_defaults(cluster) -> dict:
-    """What roles/determined_master.py writes (master.yaml.j2), from cluster.yaml."""
-    return yaml.safe_load(master_yaml(cluster))["task_container_defaults"]
 
 
 def _as_written(held: dict) -> dict:
@@ -280,11 +273,12 @@ def test_master_task_container_defaults(cluster):
     assert status == 200, f"GET /api/v1/master/config -> {status}"
     config = body["config"]
     held = _as_written(config.get("task_container_defaults") or {})
-    expected = expected_task_container_defaults(cluster)
-    differ = sorted(k for k, v in expected.items() if held.get(k) != v)
-    assert differ == [], f"the master's task_container_defaults differ in {differ}"
+    differ = differences(held, expected_task_container_defaults(cluster), "task_container_defaults")
+    assert differ == [], "the master's task_container_defaults differ: " + "; ".join(differ)
     endpoint = (config.get("checkpoint_storage") or {}).get("endpoint_url")
-    assert endpoint == trial_endpoint(cluster), f"the master hands trials endpoint_url {endpoint}"
+    assert endpoint == cluster.trial_endpoint, (
+        f"the master hands trials endpoint_url {endpoint}, cluster.yaml implies {cluster.trial_endpoint}"
+    )
 
 
 def _login(cluster, username: str, password: str) -> tuple[int, dict | None]:
@@ -443,28 +437,30 @@ def test_master_certs_as_configured(master, host_of, cluster):
     master.yaml's security.tls; without determined.tls neither the directory nor the keys."""
     h = host_of(master)
     security = _read_yaml(h, "/etc/determined/master.yaml").get("security") or {}
-    certs = h.file(determined_tls.CERTS_DIR)
+    certs = h.file(determined_node.CERTS_DIR)
     tls = cluster.determined.tls
     if not tls.enabled:
         assert "tls" not in security, "master.yaml has security.tls without determined.tls"
         assert not certs.exists, (
-            f"{determined_tls.CERTS_DIR} exists without determined.tls: a stale private key"
+            f"{determined_node.CERTS_DIR} exists without determined.tls: a stale private key"
         )
         return
-    assert security.get("tls") == determined_tls.master_security(cluster), "master.yaml's security.tls"
+    # Determined's security.tls: the certificate and key files the master serves.
+    files = {"cert": determined_node.MASTER_CRT, "key": determined_node.MASTER_KEY}
+    assert security.get("tls") == files, f"master.yaml's security.tls is not {files}"
     crt, key, ca = (
-        h.file(determined_tls.MASTER_CRT),
-        h.file(determined_tls.MASTER_KEY),
-        h.file(determined_tls.MASTER_CA),
+        h.file(determined_node.MASTER_CRT),
+        h.file(determined_node.MASTER_KEY),
+        h.file(determined_node.MASTER_CA),
     )
     assert crt.exists and crt.content_string == served_chain(tls, cluster.master_host), (
-        f"{determined_tls.MASTER_CRT} is not determined.tls.certificate (with its root)"
+        f"{determined_node.MASTER_CRT} is not determined.tls.certificate (with its root)"
     )
     assert key.exists and (key.user, key.group, key.mode) == ("root", "root", 0o600), (
-        f"{determined_tls.MASTER_KEY} is not 0600 root"
+        f"{determined_node.MASTER_KEY} is not 0600 root"
     )
     assert ca.exists and ca.content_string == agent_ca(tls, cluster.master_host), (
-        f"{determined_tls.MASTER_CA}"
+        f"{determined_node.MASTER_CA}"
     )
 
 
@@ -477,19 +473,24 @@ def test_agent_tls_as_configured(agent, host_of, cluster):
     configs = agent_configs(h, agent)
     assert configs, f"no agent configuration for agent_layout {agent.agent_layout}"
     tls = cluster.determined.tls
-    expected = determined_tls.agent_security(cluster)
+    # Determined's agent security.tls: the master's CA, and master_host as the name to check.
+    expected = {
+        "enabled": True,
+        "master_cert": determined_node.MASTER_CA,
+        "master_cert_name": cluster.master_host,
+    }
     for path, config in configs.items():
         held = (config.get("security") or {}).get("tls")
-        if expected is None:
+        if not tls.enabled:
             assert held is None, f"{path} has security.tls without determined.tls"
         else:
-            assert held == {"enabled": True, **expected}, f"{path}: security.tls is not the master's"
-    ca = h.file(determined_tls.MASTER_CA)
+            assert held == expected, f"{path}: security.tls is not the master's"
+    ca = h.file(determined_node.MASTER_CA)
     if not tls.enabled:
-        assert not h.file(determined_tls.CERTS_DIR).exists, (
-            f"{determined_tls.CERTS_DIR} without determined.tls"
+        assert not h.file(determined_node.CERTS_DIR).exists, (
+            f"{determined_node.CERTS_DIR} without determined.tls"
         )
         return
     assert ca.exists and ca.content_string == agent_ca(tls, cluster.master_host), (
-        f"{determined_tls.MASTER_CA} is not the master's CA"
+        f"{determined_node.MASTER_CA} is not the master's CA"
     )

@@ -6,6 +6,7 @@ deploy installs from.
 
 import shlex
 
+from deploy import gpu_node
 from deploy.facts.fabric import parse_ibstat
 from deploy.facts.gpu import nvswitch_command, parse_nvswitches
 from deploy.pins import (
@@ -19,7 +20,6 @@ from deploy.pins import (
     nccl_version_code,
     ofed_release,
 )
-from roles import gpu_services, kernel
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 
@@ -69,14 +69,14 @@ def test_fabric_manager_matches_nvswitches(agent, host_of, cluster):
         assert not pkg.is_installed, f"{package} installed on a node without NVSwitches"
         return
     assert pkg.is_installed and pkg.version == version, f"{package} {pkg.version} (pinned {version})"
-    service = h.service(gpu_services.FABRICMANAGER)
-    assert service.is_running, f"{gpu_services.FABRICMANAGER} is not active ({len(switches)} NVSwitches)"
-    assert service.is_enabled, f"{gpu_services.FABRICMANAGER} is not enabled"
+    service = h.service(gpu_node.FABRICMANAGER)
+    assert service.is_running, f"{gpu_node.FABRICMANAGER} is not active ({len(switches)} NVSwitches)"
+    assert service.is_enabled, f"{gpu_node.FABRICMANAGER} is not enabled"
 
 
 def test_nvidia_peermem_loads_at_boot(agent, host_of):
-    conf = host_of(agent).file(gpu_services.PEERMEM)
-    assert conf.is_file, f"{gpu_services.PEERMEM} is missing"
+    conf = host_of(agent).file(gpu_node.PEERMEM)
+    assert conf.is_file, f"{gpu_node.PEERMEM} is missing"
     assert "nvidia-peermem" in [line.strip() for line in conf.content_string.splitlines()]
 
 
@@ -159,13 +159,13 @@ def test_running_kernel_held(node, host_of):
     # MLNX_OFED's --add-kernel-support modules exist for this kernel only (no DKMS).
     h = host_of(node)
     release = h.check_output("uname -r").strip()
-    candidates = kernel.hold_candidates(release)
+    candidates = gpu_node.hold_candidates(release)
     installed = {p for p in candidates if h.package(p).is_installed}
-    headers = kernel.headers_package(release)
+    headers = gpu_node.headers_package(release)
     assert headers in installed, f"{headers} is not installed"
     held = set(h.check_output("apt-mark showhold").split())
     unheld = [p for p in candidates if p in installed and p not in held]
     assert not unheld, f"not held: {', '.join(unheld)}"
     blacklist = h.check_output("apt-config dump Unattended-Upgrade::Package-Blacklist")
-    missing = [e for e in kernel.uu_blacklist_entries(release) if f'"{e}"' not in blacklist]
-    assert not missing, f"not in Unattended-Upgrade::Package-Blacklist ({kernel.UU_CONF}): {missing}"
+    missing = [e for e in gpu_node.uu_blacklist_entries(release) if f'"{e}"' not in blacklist]
+    assert not missing, f"not in Unattended-Upgrade::Package-Blacklist ({gpu_node.UU_CONF}): {missing}"

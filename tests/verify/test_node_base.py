@@ -5,7 +5,6 @@ import json
 import shlex
 
 from deploy.firewall import foreign_rules
-from roles.hosts import ib_name
 from tests.verify.matrix import P_SEEN
 
 
@@ -42,7 +41,7 @@ def test_etc_hosts_maps_every_node(node, host_of, cluster):
     expected = {}
     for other in cluster.nodes:
         expected[other.hostname] = [str(other.address)]
-        expected[ib_name(other.hostname, other.ipoib_interface)] = [str(other.ipoib_address)]
+        expected[other.ipoib_name] = [str(other.ipoib_address)]
     resolved = ipv4_of(host_of(node), list(expected))
     wrong = {name: got for name, got in resolved.items() if got != expected[name]}
     assert not wrong, "resolved differently from cluster.yaml: " + ", ".join(

@@ -39,8 +39,7 @@ from minio.credentials import StaticProvider
 from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 
-from deploy import minio_iam, s3
-from roles import minio_tls
+from deploy import minio_iam, minio_node, s3
 
 ENV_FILES = {
     "storage": ("/etc/default/minio",),
@@ -535,18 +534,18 @@ def test_minio_certs_as_configured(storage, host_of, cluster):
     stale copy of the private key has no business on the node."""
     h = host_of(storage)
     tls = cluster.storage.tls
-    certs = h.file(minio_tls.CERTS_DIR)
+    certs = h.file(minio_node.CERTS_DIR)
     if not tls.enabled:
-        assert not certs.exists, f"{minio_tls.CERTS_DIR} exists without storage.tls: a stale private key"
+        assert not certs.exists, f"{minio_node.CERTS_DIR} exists without storage.tls: a stale private key"
         return
     public, private = (
-        h.file(f"{minio_tls.CERTS_DIR}/public.crt"),
-        h.file(f"{minio_tls.CERTS_DIR}/private.key"),
+        h.file(f"{minio_node.CERTS_DIR}/public.crt"),
+        h.file(f"{minio_node.CERTS_DIR}/private.key"),
     )
     assert public.exists and public.content_string == tls.certificate.text, (
         "public.crt is not storage.tls.certificate"
     )
-    assert (private.user, private.mode) == (minio_tls.USER, 0o600), "private.key is not 0600 minio-user"
+    assert (private.user, private.mode) == (minio_node.USER, 0o600), "private.key is not 0600 minio-user"
 
 
 def test_storage_ca_trusted(node, host_of, cluster):
@@ -554,11 +553,11 @@ def test_storage_ca_trusted(node, host_of, cluster):
     pg-backup's Python, and the file trial containers mount), or not there without one."""
     h = host_of(node)
     ca = cluster.storage.tls.ca_certificate
-    copy = h.file(minio_tls.SYSTEM_CA)
+    copy = h.file(minio_node.SYSTEM_CA)
     if ca is None:
-        assert not copy.exists, f"{minio_tls.SYSTEM_CA} is left without storage.tls.ca_certificate"
+        assert not copy.exists, f"{minio_node.SYSTEM_CA} is left without storage.tls.ca_certificate"
         return
-    assert copy.exists and copy.content_string == ca.text, f"{minio_tls.SYSTEM_CA} is not the configured CA"
+    assert copy.exists and copy.content_string == ca.text, f"{minio_node.SYSTEM_CA} is not the configured CA"
     # update-ca-certificates(8) appends each certificate to the bundle: compare without line ends.
     bundle = "".join(h.file("/etc/ssl/certs/ca-certificates.crt").content_string.split())
     first = "".join(ca.text.split("-----END CERTIFICATE-----")[0].split())

@@ -7,7 +7,7 @@ starts one.
   image whose CUDA runtime (CUDA_VERSION) is of a newer major than the driver's CUDA fails
   inside the trial even when its requirement lets it start (NGC images declare cuda>=9.0);
   driver R515 has no forward compatibility for CUDA 12 (deploy/cluster/images.py).
-- A `--gpus all` container of the configured GPU image (images.site_ref: what the agents
+- A `--gpus all` container of the configured GPU image (Cluster.task_refs: what the agents
   pull) sees every GPU of the node at the pinned driver, and cuInit succeeds in it (802,
   CUDA_ERROR_SYSTEM_NOT_READY: the fabric manager is not running on an NVSwitch node).
 - A container on Docker's bridge network (single-agent trials run there) with the master's
@@ -35,8 +35,6 @@ import shlex
 
 import pytest
 import yaml
-
-from deploy.cluster.images import site_ref
 
 MASTER_YAML = "/etc/determined/master.yaml"
 DOCKER_TIMEOUT = 180  # seconds per container, pull included
@@ -217,7 +215,7 @@ def gpu_alone(h, image: str) -> dict:
 
 def test_gpu_container_sees_gpus_and_cuda_initialises(agent, host_of, cluster, request, probes):
     h = host_of(agent)
-    image = site_ref(cluster, cluster.determined.task_image.gpu)
+    image = cluster.task_refs.gpu
     probe = trial_probe(h, agent, cluster, request, probes)
     seen = json.loads(probe["gpu"]) if probe else gpu_alone(h, image)
     assert seen["smi_rc"] == 0, f"nvidia-smi in the container exited {seen['smi_rc']}: {seen['smi_err']}"
@@ -279,7 +277,7 @@ def s3_alone(h, image: str, request: dict, master_config: dict) -> str:
 
 def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_config, request, probes):
     h = host_of(agent)
-    image = site_ref(cluster, cluster.determined.task_image.gpu)
+    image = cluster.task_refs.gpu
     env = trial_environment(master_config)
     assert f"AWS_DEFAULT_REGION={cluster.storage.region}" in env, (
         f"task_container_defaults gives trials no AWS_DEFAULT_REGION={cluster.storage.region}"
@@ -305,7 +303,7 @@ def test_infiniband_in_trial_container(agent, host_of, cluster, master_config, r
             "the node has /dev/infiniband; task_container_defaults.devices gives trials none"
         )
         return
-    image = site_ref(cluster, cluster.determined.task_image.gpu)
+    image = cluster.task_refs.gpu
     probe = trial_probe(h, agent, cluster, request, probes)
     if probe:
         seen = set(probe["ib"] or ())
@@ -362,7 +360,7 @@ def trial_probe(h, agent, cluster, request, probes: dict) -> dict | None:
     except Exception:
         return None
     if agent.hostname not in probes:
-        image = site_ref(cluster, cluster.determined.task_image.gpu)
+        image = cluster.task_refs.gpu
         devices = " ".join(shlex.quote(f) for f in device_flags(master_config))
         command = (
             f"timeout {DOCKER_TIMEOUT} docker run --rm -i --gpus all --network=bridge {devices} "
