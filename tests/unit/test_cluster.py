@@ -331,7 +331,7 @@ def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
     monkeypatch.setenv("DET_MINIO_SECRET_KEY", "det-minio-secret")
     monkeypatch.setenv("DET_DB_PASSWORD", "db-password")
     monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
-    from tests.unit.test_article import pinned_prod_text
+    from tests.unit.test_short_yaml import pinned_prod_text
 
     c = load_cluster(write(tmp_path, pinned_prod_text(PROD.read_text(), PIN)))
     assert (c.master_host, str(c.master_node.address), c.master_port) == ("gpu-master", "192.168.1.10", 23457)
