@@ -199,6 +199,8 @@ def parse_topo(text: str) -> Topology:
     UNAVAILABLE with the first line in `detail`. A matrix that is cut short, not square,
     not symmetric or holds an unknown label raises TopologyError.
     """
+    # Long: `nvidia-smi topo -m` is one table (header, rows, legend): read and checked in one pass,
+    # each problem naming its row
     lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
     start = None
     for i, line in enumerate(lines):

@@ -103,6 +103,8 @@ def bucket(cluster: Cluster):
 
 @deploy("MinIO object storage")
 def apply(cluster: Cluster, node: Node) -> None:
+    # Long: MinIO's operations in the order they run (user, data dir, binary, settings, TLS, unit,
+    # start, bucket, users): the role reads as its plan
     storage = cluster.storage
     source = cluster.sources.minio
 

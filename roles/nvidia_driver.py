@@ -140,6 +140,8 @@ def _warn_reboot_pending(state, host):
 
 @deploy("NVIDIA driver")
 def apply(cluster: Cluster, node: Node) -> None:
+    # Long: the driver's operations in the order they run (repo, pins, hold, DKMS check, reboot):
+    # the role reads as its plan
     pinset = driver_pins(cluster.versions.nvidia_driver)
     packages = [p for p, _ in pinset.packages]
 

@@ -261,6 +261,8 @@ def url(
     the string as written is checked: no whitespace, quotes or control characters (urlsplit
     would quietly strip some of them from its own copy), only URL characters, no user:password@.
     """
+    # Long: one URL's rules in the order a reader meets them (scheme, login, host, port, path,
+    # placeholders), each a problem line of its own; split, each part would parse the URL again
     scheme_text = " or ".join(f"{s}://" for s in schemes)
     rule = " or ".join(f"`{s}://`" for s in schemes) + " URL"
     if not path_allowed:
@@ -273,6 +275,7 @@ def url(
 
     @check(rule)
     def fn(r: Reader, path: str, v: Any) -> str | None:
+        # Long: the body of url() (above)
         if not isinstance(v, str):
             r.bad(path, v, f"must be a {scheme_text} URL")
             return None

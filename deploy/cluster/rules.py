@@ -83,6 +83,8 @@ def load_cluster(path: str | Path, *, resolve_secrets: bool = True) -> Cluster:
 
 def build(r: Reader, raw: object, path: Path) -> Cluster | None:
     """The model, or None once `r` holds every problem found."""
+    # Long: the sections read in cluster.yaml's order, then the rules that span them: a list of one-
+    # line steps
     if raw is None:
         r.add(
             "",
@@ -412,6 +414,8 @@ def _nodes(
     roleless: list[tuple[str, object]],
     cluster_hw: Hardware,
 ) -> tuple[Node, ...] | None:
+    # Long: the rules across the node list in one pass, so each problem names the node's index
+    # (names, addresses in their subnets, roles, per-node keys)
     raw = top.raw("nodes")
     if raw is MISSING or raw is None:
         if not top.broken:

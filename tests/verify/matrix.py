@@ -485,6 +485,7 @@ def render_markdown(
     host_keys: str | None = None,
     seen: list[str] | None = None,
 ) -> str:
+    # Long: the report's sections in the order they are printed
     red, unprobed = m.red_cells(), m.cells_with(NP)
     verdict = "ok" if exitstatus == 0 else NP if exitstatus == EXIT_NOT_PROBED else "FAIL"
     out = ["# Verify matrix", ""]
@@ -607,6 +608,7 @@ def render_terminal(m: Matrix, width: int) -> list[list[tuple[str, dict]]]:
     """Lines of (text, markup) segments: the matrix (rows checks, columns nodes, in blocks of
     columns when wider than the terminal; long check names cut), then unreachable nodes and
     the red cells grouped by check, with their hints."""
+    # Long: the terminal matrix's sections in the order they are printed
     lines: list[list[tuple[str, dict]]] = []
     titles, prefix = _short_names(m.nodes)
     col_w = max([len(titles[n]) for n in m.nodes] + [len(FAIL)]) + 1

@@ -694,6 +694,8 @@ class Smoke:
         return self.rows
 
     def _run(self) -> None:
+        # Long: the four rows' order in one place (which run together, which after which), as the
+        # module docstring tells it
         agents = self.api.agents()
         self.slots = {
             smoke.SAVE: 1,
