@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,7 @@ def shown(command) -> Any:
     if isinstance(command, str):
         return command.strip()
     if isinstance(command, StringCommand):
-        return command.get_masked_value()
+        return kept_script(command.get_masked_value())
     if isinstance(command, FileUploadCommand):
         src = command.src
         if hasattr(src, "read"):
@@ -187,6 +188,27 @@ def shown(command) -> Any:
             command.kwargs,
         ]
     raise TypeError(f"{command!r} is not a pyinfra command")
+
+
+FILES = Path(__file__).parents[2] / "files"
+
+
+def kept_script(text: str) -> Any:
+    """`sh -c '<files/ROLE/NAME.sh>' NAME.sh ARGS` (roles/scripts.py) as ["script", "ROLE/NAME.sh",
+    ARGS...] when the program is exactly that kept file: a case names the program it runs and
+    its arguments, not three thousand characters of shell; any other command as it is."""
+    if not text.startswith("sh -c "):
+        return text
+    try:
+        argv = shlex.split(text)
+    except ValueError:
+        return text
+    if len(argv) < 4:
+        return text
+    for path in FILES.glob(f"*/{argv[3]}"):
+        if path.read_text() == argv[2]:
+            return ["script", str(path.relative_to(FILES)), *argv[4:]]
+    return text
 
 
 # --- operation cases kept as data -------------------------------------------------------------
@@ -208,6 +230,14 @@ def load_fact_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
+def _argument(text: str) -> Any:
+    """ "port=8080" is the number 8080, "path=/etc/x" the string: JSON where it parses."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def case_facts(data: dict) -> Facts:
     """pyinfra's JSON layout: {"deb.DebPackages": value} for a fact read without arguments,
     {"files.Sha256File": {"path=/x": value}} for one read with them (one key=value per
@@ -220,7 +250,7 @@ def case_facts(data: dict) -> Facts:
             table[cls] = value
             continue
         for keyed, one in value.items():
-            args = dict(part.split("=", 1) for part in keyed.split(","))
+            args = {k: _argument(v) for k, v in (part.split("=", 1) for part in keyed.split(","))}
             table[fact(cls, **args)] = one
     return Facts(table)
 
