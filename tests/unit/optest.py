@@ -314,6 +314,9 @@ def plan(deploy: Callable, facts, *args, **kwargs) -> list[Planned]:
     planned: list[Planned] = []
     with _one_host_state(facts) as (state, host):
         deploy(*args, **kwargs)
+        # From here on as pyinfra's run_ops: operations that look at state.is_executing (an
+        # `_if` inside the generator, apt_pins.update_if_stale's sources_changed) see a run.
+        state.is_executing = True
         for op_hash in state.get_op_order():
             op_data = state.get_op_data_for_host(host, op_hash)
             before = len(host.recorded_noops)

@@ -1,0 +1,405 @@
+"""Each role's whole plan for one node: fresh-node facts give the cold deploy's commands,
+as-deployed facts give no change.
+
+tests/unit/optest.py `plan` runs a role's @deploy apply() under a real pyinfra State for one
+host that never connects; the facts below are all it may read (a missing one fails the test by
+name). "fresh" is a Debian 12 node as the installer leaves it; "deployed" is the same node
+after a deploy, as its facts read on the next run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Block, Directory, File, FileContents, FindInFile, Link, Sha1File, Sha256File
+from pyinfra.facts.server import Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Which
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from deploy.cluster import load_cluster
+from deploy.facts.apt import AptRepoVersions, HeldPackages
+from deploy.facts.fabric import OfedRelease
+from deploy.facts.keyring import KeptKeyring
+from deploy.facts.system import FirewallRules, ResolvedPath, UnitState
+from deploy.pins import CUDA_KEYRING_VERSION, all_pins, ofed_release
+from roles import firewall, hosts, nvidia_driver
+from tests.unit.optest import Facts, Planned, changing, plan
+from tests.unit.test_cluster import lab_copy
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    path, _ = lab_copy(tmp_path_factory.mktemp("lab"))
+    return load_cluster(path)
+
+
+DEBIAN_12 = {
+    "name": "Debian",
+    "major": 12,
+    "minor": None,
+    "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"},
+}
+# What a Debian 12 installer leaves: these packages, nothing of the cluster's.
+BASE_PACKAGES = {"bash": ["5.2.15-2+b7"], "systemd": ["252.30-1~deb12u2"], "curl": ["7.88.1-10+deb12u8"]}
+
+
+def no_file(**_):
+    return None
+
+
+def base_facts(more: dict) -> dict:
+    """The facts every role reads the same way on a fresh node, with `more` over them."""
+    return {
+        LinuxDistribution: DEBIAN_12,
+        Os: "Linux",
+        TmpDir: "/tmp",  # where pyinfra puts its upload temp files
+        Which: lambda command: f"/usr/bin/{command}",
+        File: no_file,
+        Directory: no_file,
+        Link: no_file,
+        DebPackages: dict(BASE_PACKAGES),
+        FindInFile: find_in_file({}),
+        **more,
+    }
+
+
+def find_in_file(found: dict[str, list[str]]):
+    """FindInFile by path: the lines `found` gives for that path, none elsewhere."""
+
+    def fact_value(path, pattern, **_):
+        return found.get(path, [])
+
+    return fact_value
+
+
+# --- roles/hosts.py ---------------------------------------------------------------------------
+
+
+def hosts_fresh(cluster, node) -> dict:
+    return base_facts(
+        {
+            Hostname: "debian",
+            FindInFile: find_in_file({"/etc/hosts": ["127.0.1.1\tdebian"]}),
+            Block: [],  # /etc/hosts without our block
+        }
+    )
+
+
+def hosts_deployed_after(cluster, node, cold) -> dict:
+    return base_facts(
+        {
+            Hostname: node.hostname,
+            Block: hosts.hosts_block(cluster).splitlines(),
+        }
+    )
+
+
+# --- roles/firewall.py ------------------------------------------------------------------------
+
+CLEAN_DUMP = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]", "COMMIT"]
+
+
+def firewall_fresh(cluster, node) -> dict:
+    # A node someone firewalled: ufw enabled, firewalld running, a rule of theirs.
+    return base_facts(
+        {
+            FindInFile: find_in_file({"/etc/ufw/ufw.conf": ["ENABLED=yes"]}),
+            SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
+            SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
+            FirewallRules: {"iptables": [*CLEAN_DUMP[:-1], "-A INPUT -p tcp --dport 22 -j ACCEPT", "COMMIT"]},
+        }
+    )
+
+
+def firewall_deployed_after(cluster, node, cold) -> dict:
+    return base_facts(
+        {
+            DebPackages: {**BASE_PACKAGES, "iptables": ["1.8.9-2"]},
+            SystemdEnabled: lambda services, **_: dict.fromkeys(services, False),
+            FirewallRules: {"iptables": CLEAN_DUMP, "ip6tables": CLEAN_DUMP},
+        }
+    )
+
+
+# --- one fresh node, and the same node once deployed ------------------------------------------
+
+KERNEL = "6.1.0-18-amd64"
+
+
+def pins_of(cluster) -> dict[str, str]:
+    """Every apt pin of a GPU node, package -> version."""
+    return {p: v for pinset in all_pins(cluster.versions) for p, v in pinset.packages}
+
+
+def mirror_offers(cluster):
+    """AptRepoVersions as apt-cache madison reads it once the CUDA repository's lists are in:
+    every pin, from this node's repo folder. A fact is read once here (no re-read after the
+    plan's own `apt-get update`), so the cold plan sees the lists its update brings."""
+    repo = cluster.sources.cuda_repo_for("debian", "12").rstrip("/")
+    pins = pins_of(cluster)
+
+    def offered(packages, **_):
+        return {p: {(pins[p], repo)} for p in packages if p in pins}
+
+    return offered
+
+
+def fresh(cluster, node) -> dict:
+    """A Debian 12 node as its installer leaves it: none of the cluster's packages, files,
+    units or kernel modules."""
+    return base_facts(
+        {
+            Hostname: "debian",
+            KernelVersion: KERNEL,
+            HeldPackages: [],
+            AptRepoVersions: mirror_offers(cluster),
+            KeptKeyring: lambda **_: {"deb": "", "keyring": False, "version": ""},
+            FileContents: no_file,
+            Sha1File: no_file,
+            Sha256File: no_file,
+            OfedRelease: None,
+            UnitState: lambda **_: ("inactive", "disabled"),
+            ResolvedPath: no_file,
+            SystemdEnabled: lambda services, **_: dict.fromkeys(services, False),
+            SystemdStatus: lambda services, **_: dict.fromkeys(services, False),
+        }
+    )
+
+
+def placed(cold: list[Planned]) -> dict[str, dict]:
+    """The files the cold plan leaves: dest -> {"content", "mode", "user", "group"}, read from
+    its uploads and the chmod/chown after them."""
+    found: dict[str, dict] = {}
+    for op in cold:
+        for command in op.commands:
+            if isinstance(command, FileUploadCommand):
+                src = command.src
+                src.seek(0) if hasattr(src, "seek") else None
+                data = src.read() if hasattr(src, "read") else Path(src).read_bytes()
+                data = data.encode() if isinstance(data, str) else data
+                found[str(command.dest)] = {"content": data, "mode": None, "user": "root", "group": "root"}
+            elif isinstance(command, StringCommand):
+                words = shlex.split(command.get_raw_value())
+                if len(words) == 3 and words[0] == "chmod" and words[2] in found:
+                    found[words[2]]["mode"] = int(words[1])
+                if len(words) == 3 and words[0] == "chown" and words[2] in found:
+                    user, _, group = words[1].partition(":")
+                    found[words[2]].update(user=user, group=group or user)
+    return found
+
+
+def apt_installed(cold: list[Planned]) -> list[str]:
+    """The packages the cold plan's `apt-get ... install` commands name (pinned or not)."""
+    names = []
+    for op in cold:
+        for command in op.commands:
+            if isinstance(command, StringCommand) and "apt-get" in (text := command.get_raw_value()):
+                words = shlex.split(text)
+                if "install" in words:
+                    after = words[words.index("install") + 1 :]
+                    names += [w.split("=")[0] for w in after if not w.startswith("-") and "/" not in w]
+    return names
+
+
+def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> dict:
+    """The node after the cold plan ran: its packages at their pins, its files in place."""
+    files = placed(cold)
+    pins = pins_of(cluster)
+
+    def file_fact(path, **_):
+        f = files.get(path)
+        return None if f is None else {"mode": f["mode"] or 644, "user": f["user"], "group": f["group"]}
+
+    def digest(name):
+        def fact_value(path, **_):
+            return hashlib.new(name, files[path]["content"]).hexdigest() if path in files else None
+
+        return fact_value
+
+    # The directories it made (mkdir -p, install -d) and those its files are in.
+    made = {str(Path(path).parent) for path in files}
+    for op in cold:
+        for command in op.commands:
+            if isinstance(command, StringCommand):
+                words = shlex.split(command.get_raw_value())
+                if words[:2] == ["mkdir", "-p"]:
+                    made.update(w for w in words[2:] if w.startswith("/"))
+
+    installed = {
+        **BASE_PACKAGES,
+        **{p: ["1.0-1"] for p in apt_installed(cold)},
+        **{p: [v] for p, v in pins.items()},
+    }
+    return base_facts(
+        {
+            Hostname: node.hostname,
+            KernelVersion: KERNEL,
+            DebPackages: installed,
+            HeldPackages: sorted(pins),
+            AptRepoVersions: mirror_offers(cluster),
+            File: file_fact,
+            Directory: lambda path, **_: (
+                {"mode": 755, "user": "root", "group": "root"} if path in made else None
+            ),
+            Sha1File: digest("sha1"),
+            Sha256File: digest("sha256"),
+            FileContents: lambda path, **_: (
+                files[path]["content"].decode().splitlines() if path in files else None
+            ),
+            KeptKeyring: lambda **_: {
+                "deb": cluster.sources.cuda_keyring_sha256("debian", "12"),
+                "keyring": True,
+                "version": CUDA_KEYRING_VERSION,
+            },
+            OfedRelease: ofed_release(cluster.versions.mofed),
+            UnitState: lambda **_: ("active", "enabled"),
+            SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
+            SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
+            **(more or {}),
+        }
+    )
+
+
+# --- the cases ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    role: Any  # the roles/ module: its apply() is planned
+    node: str  # the lab node it runs on
+    fresh: Callable  # (cluster, node) -> facts of a fresh node
+    deployed: Callable  # (cluster, node, cold plan) -> facts of the node once deployed
+    # The cold plan's operations that change something, in order: name -> parts of their
+    # commands (shown as optest.shown writes them) that must be there.
+    cold: dict[str, list[str]]
+
+    @property
+    def id(self) -> str:
+        return f"{self.role.__name__.rsplit('.', 1)[-1]}@{self.node}"
+
+
+def same_node(fresh_facts: Callable) -> Callable:
+    """`deployed` for roles whose second run reads what the first left: facts of their own."""
+    return lambda cluster, node, cold: fresh_facts(cluster, node)
+
+
+CASES = [
+    Case(
+        nvidia_driver,
+        "lab-gpu1",
+        fresh,
+        deployed,
+        {
+            "Refresh apt lists for headers of the running kernel 6.1.0-18-amd64": [
+                "shared_ops/apt-update.sh"
+            ],
+            "Install headers of the running kernel 6.1.0-18-amd64": ["install", f"linux-headers-{KERNEL}"],
+            "NVIDIA CUDA apt repository | Trust the CUDA repository (cuda-keyring_1.1-1_all.deb)": [
+                "shared_ops/fetch-verified.sh",
+                "433030adae11733ec494586dcff6a1c6dccb15436aba4cb3ac56dec1a28bf150",
+                "--reinstall",
+            ],
+            "NVIDIA CUDA apt repository | CUDA repository sources list": [
+                "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                "http://10.77.0.1:8077/cuda/repos/debian12/x86_64/ /",
+                "/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
+            ],
+            "Blacklist nouveau": ["/etc/modprobe.d/blacklist-nouveau.conf", "chmod 644"],
+            "Pinned packages | apt-get update if the cache lacks nvidia-driver": ["shared_ops/apt-update.sh"],
+            "Pinned packages | apt preferences for nvidia-driver": [
+                "Package: cuda-drivers-515\\nPin: version 515.65.01-1",
+                "/etc/apt/preferences.d/nvidia-driver.pref",
+            ],
+            "Pinned packages | Remember that the new driver needs a reboot": ["nvidia-dkms-515"],
+            "Pinned packages | Install cuda-drivers-515=515.65.01-1 and 16 more": [
+                "--no-install-recommends",
+                "cuda-drivers-515=515.65.01-1",
+                "nvidia-dkms-515=515.65.01-0ubuntu1",
+            ],
+            "Pinned packages | Hold nvidia-driver": ["shared_ops/apt-mark-hold.sh", "nvidia-dkms-515"],
+            "Rebuild the initramfs without nouveau": ["update-initramfs -u"],
+            "Reboot into the new NVIDIA driver (confirmed by a new boot_id)": [
+                "record_boot_id",
+                "reboot",
+                "wait_for_new_boot",
+            ],
+            "The new driver is loaded: nvidia-smi answers with the pin": [
+                "nvidia_driver/driver-loaded.sh",
+                "515.65.01",
+            ],
+            "The units wanted at boot came up (one that failed is started once more)": [
+                "nvidia_driver/boot-units.sh",
+                "openibd.service",
+            ],
+        },
+    ),
+    Case(
+        hosts,
+        "lab-gpu1",
+        hosts_fresh,
+        hosts_deployed_after,
+        {
+            "Hostname": ["hostnamectl set-hostname lab-gpu1"],
+            "Drop the installer's 127.0.1.1 hostname line": [
+                "sed -i",
+                r"'/^127\.0\.1\.1\s.*$/d' /etc/hosts",
+                "/etc/hosts",
+            ],
+            "Cluster hosts block": ["10.77.0.10\\tlab-master", "10.78.0.12\\tlab-gpu2-ib0", "/etc/hosts"],
+        },
+    ),
+    Case(
+        firewall,
+        "lab-gpu1",
+        firewall_fresh,
+        firewall_deployed_after,
+        {
+            "Refresh apt lists for iptables (for the checks)": ["shared_ops/apt-update.sh"],
+            "Install iptables (for the checks)": ["install", "iptables"],
+            "Disable ufw (also at boot)": ["ufw --force disable"],
+            "Stop firewalld.service": [
+                "systemctl stop firewalld.service",
+                "systemctl disable firewalld.service",
+            ],
+            "Stop netfilter-persistent.service": ["systemctl stop netfilter-persistent.service"],
+            "Flush firewall rules and chains": [
+                "iptables -t filter -F",
+                "iptables -P INPUT ACCEPT",
+                "restart docker",
+            ],
+        },
+    ),
+]
+
+
+def cold_plan(cluster, case: Case) -> list[Planned]:
+    node = cluster.node(case.node)
+    return plan(case.role.apply, Facts(case.fresh(cluster, node)), cluster=cluster, node=node)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_fresh_node_gets_the_cold_deploy(lab, case):
+    cold = cold_plan(lab, case)
+    deploy_name = cold[0].name.split(" | ", 1)[0]
+    changes = {p.name.removeprefix(f"{deploy_name} | "): p.text for p in cold if p.changes}
+    assert list(changes) == list(case.cold)
+    for name, parts in case.cold.items():
+        for part in parts:
+            assert part in changes[name], (name, part)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_as_deployed_node_gets_no_change(lab, case):
+    cold = cold_plan(lab, case)
+    node = lab.node(case.node)
+    again = plan(case.role.apply, Facts(case.deployed(lab, node, cold)), cluster=lab, node=node)
+    # Not always the same operations: some are added only where there is work (the driver's
+    # "remember the reboot" before an install). Every one that is there is a no-op.
+    assert again and changing(again) == []
