@@ -352,7 +352,7 @@ CASES = [
                 r"'/^127\.0\.1\.1\s.*$/d' /etc/hosts",
                 "/etc/hosts",
             ],
-            "Cluster hosts block": ["10.77.0.10\\tlab-master", "10.78.0.12\\tlab-gpu2-ib0", "/etc/hosts"],
+            "Cluster hosts block": ["10.77.0.10\tlab-master", "10.78.0.12\tlab-gpu2-ib0", "/etc/hosts"],
         },
     ),
     Case(
