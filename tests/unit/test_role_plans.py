@@ -28,8 +28,8 @@ from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.fabric import OfedRelease
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.system import FirewallRules, ResolvedPath, UnitState
-from deploy.pins import CUDA_KEYRING_VERSION, all_pins, ofed_release
-from roles import firewall, hosts, nvidia_driver
+from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
+from roles import cuda, firewall, hosts, kernel, mofed, nccl, nvidia_driver
 from tests.unit.optest import Facts, Planned, changing, plan
 from tests.unit.test_cluster import lab_copy
 
@@ -46,8 +46,15 @@ DEBIAN_12 = {
     "minor": None,
     "release_meta": {"ID": "debian", "VERSION_ID": "12", "VERSION_CODENAME": "bookworm"},
 }
-# What a Debian 12 installer leaves: these packages, nothing of the cluster's.
-BASE_PACKAGES = {"bash": ["5.2.15-2+b7"], "systemd": ["252.30-1~deb12u2"], "curl": ["7.88.1-10+deb12u8"]}
+KERNEL = "6.1.0-18-amd64"
+# What a Debian 12 installer leaves: these packages (its kernel among them), none of the cluster's.
+BASE_PACKAGES = {
+    "bash": ["5.2.15-2+b7"],
+    "systemd": ["252.30-1~deb12u2"],
+    "curl": ["7.88.1-10+deb12u8"],
+    f"linux-image-{KERNEL}": ["6.1.76-1"],
+    "linux-image-amd64": ["6.1.76-1"],
+}
 
 
 def no_file(**_):
@@ -129,8 +136,6 @@ def firewall_deployed_after(cluster, node, cold) -> dict:
 
 
 # --- one fresh node, and the same node once deployed ------------------------------------------
-
-KERNEL = "6.1.0-18-amd64"
 
 
 def pins_of(cluster) -> dict[str, str]:
@@ -242,7 +247,9 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
             Hostname: node.hostname,
             KernelVersion: KERNEL,
             DebPackages: installed,
-            HeldPackages: sorted(pins),
+            # The pins, and the running kernel's packages: a deploy holds those it installs too
+            # (its hold reads the packages when it runs; a plan's facts are read once).
+            HeldPackages: sorted(pins) + [p for p in kernel.hold_candidates(KERNEL) if p in installed],
             AptRepoVersions: mirror_offers(cluster),
             File: file_fact,
             Directory: lambda path, **_: (
@@ -259,6 +266,8 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
                 "version": CUDA_KEYRING_VERSION,
             },
             OfedRelease: ofed_release(cluster.versions.mofed),
+            # The "cuda" alternative cuda-link.sh set: /usr/local/cuda leads to the pinned toolkit.
+            ResolvedPath: lambda path, **_: cuda_home(cluster.versions.cuda) if path == CUDA_LINK else None,
             UnitState: lambda **_: ("active", "enabled"),
             SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
             SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
@@ -290,7 +299,88 @@ def same_node(fresh_facts: Callable) -> Callable:
     return lambda cluster, node, cold: fresh_facts(cluster, node)
 
 
+# The CUDA repository's two operations, in every role that installs from it.
+CUDA_REPO = {
+    "NVIDIA CUDA apt repository | Trust the CUDA repository (cuda-keyring_1.1-1_all.deb)": [
+        "shared_ops/fetch-verified.sh",
+        "433030adae11733ec494586dcff6a1c6dccb15436aba4cb3ac56dec1a28bf150",
+        "--reinstall",
+    ],
+    "NVIDIA CUDA apt repository | CUDA repository sources list": [
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        "http://10.77.0.1:8077/cuda/repos/debian12/x86_64/ /",
+        "/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
+    ],
+}
+HEADERS = {
+    f"Refresh apt lists for headers of the running kernel {KERNEL}": ["shared_ops/apt-update.sh"],
+    f"Install headers of the running kernel {KERNEL}": ["install", f"linux-headers-{KERNEL}"],
+}
+
+
+def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]]:
+    """apt_pins.pinned's operations for a pin set on a fresh node (the repo offers its pins)."""
+    return {
+        f"Pinned packages | apt-get update if the cache lacks {name}": ["shared_ops/apt-update.sh"],
+        f"Pinned packages | apt preferences for {name}": [f"/etc/apt/preferences.d/{name}.pref"],
+        f"Pinned packages | Install {install}": ["--allow-downgrades", *parts],
+        f"Pinned packages | Hold {name}": ["shared_ops/apt-mark-hold.sh"],
+    }
+
+
 CASES = [
+    Case(
+        mofed,
+        "lab-gpu1",
+        fresh,
+        deployed,
+        {
+            **HEADERS,
+            "Download MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz (sha256 checked)": [
+                "shared_ops/fetch-verified.sh",
+                "http://10.77.0.1:8077/mofed/MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz",
+                "95ac0d387e42bf5ed6db5244351f7f3168f228acb1a9b52db245d3d2aa6938d4",
+            ],
+            "Refresh apt lists for MLNX_OFED prerequisites": ["shared_ops/apt-update.sh"],
+            "Install MLNX_OFED prerequisites": ["install", "python3", "pciutils"],
+            "Install MLNX_OFED_LINUX-5.8-3.0.7.0 and restart openibd": [
+                "mofed/install.sh",
+                "/var/cache/mlnx-ofed/MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz",
+            ],
+            f"Hold kernel {KERNEL} and the kernel meta packages": [
+                "apt-mark-hold.sh",
+                f"linux-image-{KERNEL}",
+            ],
+            "unattended-upgrades leaves the kernel alone": [
+                "/etc/apt/apt.conf.d/51gpu-cluster-kernel",
+                KERNEL,
+            ],
+        },
+    ),
+    Case(
+        cuda,
+        "lab-gpu1",
+        fresh,
+        deployed,
+        {
+            **CUDA_REPO,
+            **pinned_packages("cuda-toolkit", "cuda-toolkit-11-7=11.7.1-1", "cuda-toolkit-11-7=11.7.1-1"),
+            "/usr/local/cuda -> /usr/local/cuda-11.7": ["cuda/cuda-link.sh", "/usr/local/cuda-11.7"],
+            "CUDA paths for login shells": ["/etc/profile.d/", "CUDA 11.7.1"],
+        },
+    ),
+    Case(
+        nccl,
+        "lab-gpu1",
+        fresh,
+        deployed,
+        {
+            **CUDA_REPO,
+            **pinned_packages(
+                "nccl", "libnccl2=2.14.3-1+cuda11.7 and 1 more", "libnccl2=2.14.3-1+cuda11.7", "libnccl-dev="
+            ),
+        },
+    ),
     Case(
         nvidia_driver,
         "lab-gpu1",
