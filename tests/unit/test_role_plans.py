@@ -27,9 +27,18 @@ from deploy.cluster import load_cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.fabric import OfedRelease
 from deploy.facts.keyring import KeptKeyring
-from deploy.facts.system import FirewallRules, ResolvedPath, UnitState
+from deploy.facts.system import (
+    FirewallRules,
+    ManagedFiles,
+    NetDevice,
+    NetLinkTypes,
+    NetplanFeatures,
+    ResolvedPath,
+    UnitState,
+)
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
-from roles import cuda, firewall, hosts, kernel, mofed, nccl, nvidia_driver
+from roles import cuda, firewall, hosts, ipoib, kernel, mofed, nccl, nvidia_driver
+from roles.ipoib import ARPHRD_INFINIBAND
 from tests.unit.optest import Facts, Planned, changing, plan
 from tests.unit.test_cluster import lab_copy
 
@@ -276,6 +285,44 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
     )
 
 
+# --- roles/ipoib.py: ib0 there (MLNX_OFED loaded ib_ipoib), not configured -------------------
+
+IB_FEATURES = ["dhcp-use-domains", "ipv6-mtu", "infiniband"]  # `netplan info` on Ubuntu 24.04
+
+
+def ipoib_fresh(netplan: bool) -> Callable:
+    def facts(cluster, node) -> dict:
+        return {
+            **fresh(cluster, node),
+            NetLinkTypes: {"lo": 772, "eth0": 1, node.ipoib_interface: ARPHRD_INFINIBAND},
+            NetplanFeatures: IB_FEATURES if netplan else None,
+            NetDevice: lambda interface, **_: {"up": False, "addresses": [], "mtu": 4092},
+            ManagedFiles: lambda **_: [],
+            FindInFile: find_in_file({}),
+        }
+
+    return facts
+
+
+def ipoib_deployed(netplan: bool) -> Callable:
+    def facts(cluster, node, cold) -> dict:
+        cidr = f"{node.ipoib_address}/{cluster.network.ipoib.subnet.prefixlen}"
+        return {
+            **deployed(cluster, node, cold),
+            NetLinkTypes: {"lo": 772, "eth0": 1, node.ipoib_interface: ARPHRD_INFINIBAND},
+            NetplanFeatures: IB_FEATURES if netplan else None,
+            NetDevice: lambda interface, **_: {
+                "up": True,
+                "addresses": [cidr],
+                "mtu": cluster.network.ipoib.mtu,
+            },
+            ManagedFiles: lambda directory, **_: [p for p in placed(cold) if p.startswith(directory + "/")],
+            FindInFile: find_in_file({"/etc/network/interfaces": ["source /etc/network/interfaces.d/*"]}),
+        }
+
+    return facts
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -329,6 +376,37 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
 
 
 CASES = [
+    Case(
+        ipoib,
+        "lab-gpu1",
+        ipoib_fresh(netplan=False),
+        ipoib_deployed(netplan=False),
+        {
+            "Refresh apt lists for ifupdown": ["shared_ops/apt-update.sh"],
+            "Install ifupdown": ["install", "ifupdown"],
+            "interfaces sources interfaces.d": [
+                "source /etc/network/interfaces.d/*",
+                "/etc/network/interfaces",
+            ],
+            "ib0 in ifupdown": ["address 10.78.0.11/24", "mtu 2044", "/etc/network/interfaces.d/"],
+            "Bring ib0 up": ["ifup ib0"],
+        },
+    ),
+    Case(
+        ipoib,
+        "lab-gpu2",
+        ipoib_fresh(netplan=True),
+        ipoib_deployed(netplan=True),
+        {
+            "ib0 in netplan": [
+                "10.78.0.12/24",
+                "mtu: 2044",
+                "/etc/netplan/60-gpu-cluster-ib0.yaml",
+                "chmod 600",
+            ],
+            "Apply netplan to ib0": ["netplan generate", "networkctl reconfigure ib0"],
+        },
+    ),
     Case(
         mofed,
         "lab-gpu1",
