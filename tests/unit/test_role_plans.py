@@ -20,7 +20,7 @@ import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Block, Directory, File, FileContents, FindInFile, Link, Sha1File, Sha256File
-from pyinfra.facts.server import Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Which
+from pyinfra.facts.server import Groups, Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from deploy.cluster import load_cluster
@@ -36,6 +36,7 @@ from deploy.facts.system import (
     ResolvedPath,
     UnitState,
 )
+from deploy.facts.trust import SecretFileState
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
 from roles import cuda, firewall, hosts, ipoib, kernel, mofed, nccl, nvidia_driver
 from roles.ipoib import ARPHRD_INFINIBAND
@@ -171,6 +172,8 @@ def fresh(cluster, node) -> dict:
     return base_facts(
         {
             Hostname: "debian",
+            Groups: ["root", "daemon", "sudo", "users"],
+            Users: {"root": {"home": "/root", "shell": "/bin/bash", "group": "root", "groups": [], "uid": 0}},
             KernelVersion: KERNEL,
             HeldPackages: [],
             AptRepoVersions: mirror_offers(cluster),
@@ -181,32 +184,78 @@ def fresh(cluster, node) -> dict:
             OfedRelease: None,
             UnitState: lambda **_: ("inactive", "disabled"),
             ResolvedPath: no_file,
+            SecretFileState: no_file,
             SystemdEnabled: lambda services, **_: dict.fromkeys(services, False),
             SystemdStatus: lambda services, **_: dict.fromkeys(services, False),
         }
     )
 
 
+def _content(command: FileUploadCommand) -> bytes:
+    src = command.src
+    if hasattr(src, "seek"):
+        src.seek(0)
+    data = src.read() if hasattr(src, "read") else Path(src).read_bytes()
+    return data.encode() if isinstance(data, str) else data
+
+
 def placed(cold: list[Planned]) -> dict[str, dict]:
-    """The files the cold plan leaves: dest -> {"content", "mode", "user", "group"}, read from
-    its uploads and the chmod/chown after them."""
+    """The paths the cold plan leaves: path -> {"content" (None for a directory), "mode",
+    "user", "group"}, from its uploads, mkdir -p, touch, chmod and chown (each part of an
+    `a && b` command on its own)."""
     found: dict[str, dict] = {}
+
+    def entry(path: str, content: bytes | None = None) -> dict:
+        return found.setdefault(path, {"content": content, "mode": None, "user": "root", "group": "root"})
+
     for op in cold:
         for command in op.commands:
             if isinstance(command, FileUploadCommand):
-                src = command.src
-                src.seek(0) if hasattr(src, "seek") else None
-                data = src.read() if hasattr(src, "read") else Path(src).read_bytes()
-                data = data.encode() if isinstance(data, str) else data
-                found[str(command.dest)] = {"content": data, "mode": None, "user": "root", "group": "root"}
-            elif isinstance(command, StringCommand):
-                words = shlex.split(command.get_raw_value())
-                if len(words) == 3 and words[0] == "chmod" and words[2] in found:
-                    found[words[2]]["mode"] = int(words[1])
-                if len(words) == 3 and words[0] == "chown" and words[2] in found:
+                entry(str(command.dest))["content"] = _content(command)
+                continue
+            if not isinstance(command, StringCommand):
+                continue
+            for part in command.get_raw_value().split(" && "):
+                try:
+                    words = shlex.split(part)
+                except ValueError:
+                    continue
+                if words[:2] == ["mkdir", "-p"]:
+                    for w in words[2:]:
+                        if w.startswith("/"):
+                            entry(w)
+                elif len(words) == 2 and words[0] == "touch":
+                    entry(words[1], b"")
+                elif len(words) == 3 and words[0] == "chmod" and words[2].startswith("/"):
+                    entry(words[2])["mode"] = int(words[1])
+                elif len(words) == 3 and words[0] == "chown" and words[2].startswith("/"):
                     user, _, group = words[1].partition(":")
-                    found[words[2]].update(user=user, group=group or user)
+                    entry(words[2]).update(user=user, group=group or user)
     return found
+
+
+def accounts(cold: list[Planned]) -> tuple[list[str], dict[str, dict]]:
+    """The groups and users the cold plan's groupadd and useradd make, as pyinfra's Groups and
+    Users facts list them."""
+    groups: list[str] = []
+    users: dict[str, dict] = {}
+    for op in cold:
+        for command in op.commands:
+            if not isinstance(command, StringCommand):
+                continue
+            words = shlex.split(command.get_raw_value())
+            if words[:1] == ["groupadd"]:
+                groups.append(words[-1])
+            elif words[:1] == ["useradd"]:
+                flags = dict(zip(words[1:-1:], words[2:-1], strict=False))
+                users[words[-1]] = {
+                    "home": flags.get("-d"),
+                    "shell": flags.get("-s"),
+                    "group": flags.get("-g"),
+                    "groups": [g for g in flags.get("-G", "").split(",") if g],
+                    "uid": 999,
+                }
+    return groups, users
 
 
 def apt_installed(cold: list[Planned]) -> list[str]:
@@ -222,14 +271,30 @@ def apt_installed(cold: list[Planned]) -> list[str]:
     return names
 
 
-def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> dict:
-    """The node after the cold plan ran: its packages at their pins, its files in place."""
-    files = placed(cold)
+def deployed(cluster, node, cold: list[Planned]) -> Facts:
+    """The node after the cold plan ran: its packages at their pins, its files, directories,
+    users and groups in place (get_file serves the files, as SFTP would)."""
+    paths = placed(cold)
+    files = {path: e for path, e in paths.items() if e["content"] is not None}
+    dirs = {path: e for path, e in paths.items() if e["content"] is None}
+    dirs.update({str(Path(path).parent): {"mode": 755, "user": "root", "group": "root"} for path in files})
     pins = pins_of(cluster)
+    groups, users = accounts(cold)
 
-    def file_fact(path, **_):
-        f = files.get(path)
-        return None if f is None else {"mode": f["mode"] or 644, "user": f["user"], "group": f["group"]}
+    def attributes(table: dict, default_mode: int):
+        def fact_value(path, **_):
+            e = table.get(path)
+            return (
+                None
+                if e is None
+                else {"mode": e["mode"] or default_mode, "user": e["user"], "group": e["group"]}
+            )
+
+        return fact_value
+
+    def secret_state(path, **_):  # SecretFileState: the mode as `stat -c %a` prints it
+        e = files.get(path)
+        return None if e is None else {"user": e["user"], "group": e["group"], "mode": str(e["mode"] or 644)}
 
     def digest(name):
         def fact_value(path, **_):
@@ -237,21 +302,12 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
 
         return fact_value
 
-    # The directories it made (mkdir -p, install -d) and those its files are in.
-    made = {str(Path(path).parent) for path in files}
-    for op in cold:
-        for command in op.commands:
-            if isinstance(command, StringCommand):
-                words = shlex.split(command.get_raw_value())
-                if words[:2] == ["mkdir", "-p"]:
-                    made.update(w for w in words[2:] if w.startswith("/"))
-
     installed = {
         **BASE_PACKAGES,
         **{p: ["1.0-1"] for p in apt_installed(cold)},
         **{p: [v] for p, v in pins.items()},
     }
-    return base_facts(
+    table = base_facts(
         {
             Hostname: node.hostname,
             KernelVersion: KERNEL,
@@ -260,10 +316,11 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
             # (its hold reads the packages when it runs; a plan's facts are read once).
             HeldPackages: sorted(pins) + [p for p in kernel.hold_candidates(KERNEL) if p in installed],
             AptRepoVersions: mirror_offers(cluster),
-            File: file_fact,
-            Directory: lambda path, **_: (
-                {"mode": 755, "user": "root", "group": "root"} if path in made else None
-            ),
+            File: attributes(files, 644),
+            Directory: attributes(dirs, 755),
+            SecretFileState: secret_state,
+            Groups: ["root", "daemon", "sudo", "users", *groups],
+            Users: {**fresh(cluster, node)[Users], **users},
             Sha1File: digest("sha1"),
             Sha256File: digest("sha256"),
             FileContents: lambda path, **_: (
@@ -280,9 +337,9 @@ def deployed(cluster, node, cold: list[Planned], more: dict | None = None) -> di
             UnitState: lambda **_: ("active", "enabled"),
             SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
             SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
-            **(more or {}),
         }
     )
+    return Facts(table, files={path: e["content"] for path, e in files.items()})
 
 
 # --- roles/ipoib.py: ib0 there (MLNX_OFED loaded ib_ipoib), not configured -------------------
@@ -307,18 +364,23 @@ def ipoib_fresh(netplan: bool) -> Callable:
 def ipoib_deployed(netplan: bool) -> Callable:
     def facts(cluster, node, cold) -> dict:
         cidr = f"{node.ipoib_address}/{cluster.network.ipoib.subnet.prefixlen}"
-        return {
-            **deployed(cluster, node, cold),
-            NetLinkTypes: {"lo": 772, "eth0": 1, node.ipoib_interface: ARPHRD_INFINIBAND},
-            NetplanFeatures: IB_FEATURES if netplan else None,
-            NetDevice: lambda interface, **_: {
-                "up": True,
-                "addresses": [cidr],
-                "mtu": cluster.network.ipoib.mtu,
-            },
-            ManagedFiles: lambda directory, **_: [p for p in placed(cold) if p.startswith(directory + "/")],
-            FindInFile: find_in_file({"/etc/network/interfaces": ["source /etc/network/interfaces.d/*"]}),
-        }
+        facts = deployed(cluster, node, cold)
+        facts.table.update(
+            {
+                NetLinkTypes: {"lo": 772, "eth0": 1, node.ipoib_interface: ARPHRD_INFINIBAND},
+                NetplanFeatures: IB_FEATURES if netplan else None,
+                NetDevice: lambda interface, **_: {
+                    "up": True,
+                    "addresses": [cidr],
+                    "mtu": cluster.network.ipoib.mtu,
+                },
+                ManagedFiles: lambda directory, **_: [
+                    p for p in placed(cold) if p.startswith(directory + "/")
+                ],
+                FindInFile: find_in_file({"/etc/network/interfaces": ["source /etc/network/interfaces.d/*"]}),
+            }
+        )
+        return facts
 
     return facts
 
@@ -549,7 +611,7 @@ CASES = [
 
 def cold_plan(cluster, case: Case) -> list[Planned]:
     node = cluster.node(case.node)
-    return plan(case.role.apply, Facts(case.fresh(cluster, node)), cluster=cluster, node=node)
+    return plan(case.role.apply, case.fresh(cluster, node), cluster=cluster, node=node)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -567,7 +629,7 @@ def test_fresh_node_gets_the_cold_deploy(lab, case):
 def test_as_deployed_node_gets_no_change(lab, case):
     cold = cold_plan(lab, case)
     node = lab.node(case.node)
-    again = plan(case.role.apply, Facts(case.deployed(lab, node, cold)), cluster=lab, node=node)
+    again = plan(case.role.apply, case.deployed(lab, node, cold), cluster=lab, node=node)
     # Not always the same operations: some are added only where there is work (the driver's
     # "remember the reboot" before an install). Every one that is there is a no-op.
     assert again and changing(again) == []
