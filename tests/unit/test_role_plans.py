@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,9 +39,9 @@ from deploy.facts.system import (
 )
 from deploy.facts.trust import SecretFileState
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
-from roles import cuda, firewall, hosts, ipoib, kernel, mofed, nccl, nvidia_driver
+from roles import cuda, firewall, hosts, ipoib, kernel, minio, mofed, nccl, nvidia_driver
 from roles.ipoib import ARPHRD_INFINIBAND
-from tests.unit.optest import Facts, Planned, changing, plan
+from tests.unit.optest import Facts, Planned, changing, plan, shown
 from tests.unit.test_cluster import lab_copy
 
 
@@ -258,6 +259,28 @@ def accounts(cold: list[Planned]) -> tuple[list[str], dict[str, dict]]:
     return groups, users
 
 
+def fetched_files(cold: list[Planned]) -> dict[str, str]:
+    """dest -> sha256 of what the cold plan's fetch-verified.sh calls leave (the pinned file)."""
+    fetched = {}
+    for op in cold:
+        for command in op.commands:
+            line = shown(command)
+            if isinstance(line, list) and line[:2] == ["script", "shared_ops/fetch-verified.sh"]:
+                fetched[line[3]] = line[5]
+    return fetched
+
+
+def verified_debs(fetched: dict[str, str]) -> dict[str, list[str]]:
+    """The packages of the fetched <package>_<version>.verified.deb files, installed."""
+    debs = {}
+    for dest in fetched:
+        name = Path(dest).name
+        if name.endswith(".verified.deb"):
+            package, _, version = name.removesuffix(".verified.deb").partition("_")
+            debs[package] = [version]
+    return debs
+
+
 def apt_installed(cold: list[Planned]) -> list[str]:
     """The packages the cold plan's `apt-get ... install` commands name (pinned or not)."""
     names = []
@@ -280,6 +303,7 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
     dirs.update({str(Path(path).parent): {"mode": 755, "user": "root", "group": "root"} for path in files})
     pins = pins_of(cluster)
     groups, users = accounts(cold)
+    fetched = fetched_files(cold)
 
     def attributes(table: dict, default_mode: int):
         def fact_value(path, **_):
@@ -298,6 +322,8 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
 
     def digest(name):
         def fact_value(path, **_):
+            if name == "sha256" and path in fetched:
+                return fetched[path]
             return hashlib.new(name, files[path]["content"]).hexdigest() if path in files else None
 
         return fact_value
@@ -306,6 +332,7 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
         **BASE_PACKAGES,
         **{p: ["1.0-1"] for p in apt_installed(cold)},
         **{p: [v] for p, v in pins.items()},
+        **verified_debs(fetched),
     }
     table = base_facts(
         {
@@ -385,6 +412,25 @@ def ipoib_deployed(netplan: bool) -> Callable:
     return facts
 
 
+# --- roles/minio.py ---------------------------------------------------------------------------
+
+
+def minio_controller(monkeypatch, deployed: bool) -> None:
+    """MinIO as the controller finds it: not up yet on a fresh node; bucket and users as
+    cluster.yaml says once deployed."""
+    from deploy import minio_iam as iam
+    from deploy import s3
+
+    monkeypatch.setattr(s3, "bucket_problem", lambda cluster: None if deployed else "connection refused")
+
+    def read_state(cluster, user=None, **_):
+        if not deployed:
+            raise iam.IamError("connection refused")
+        return SimpleNamespace(problems=[])
+
+    monkeypatch.setattr(iam, "read_state", read_state)
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -397,6 +443,9 @@ class Case:
     # The cold plan's operations that change something, in order: name -> parts of their
     # commands (shown as optest.shown writes them) that must be there.
     cold: dict[str, list[str]]
+    # What the controller reads from the cluster's services (MinIO's admin API, Determined's
+    # REST API) while planning: (monkeypatch, deployed) sets it up, no network involved.
+    controller: Callable | None = None
 
     @property
     def id(self) -> str:
@@ -438,6 +487,40 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
 
 
 CASES = [
+    Case(
+        minio,
+        "lab-master",
+        fresh,
+        deployed,
+        {
+            "Refresh apt lists for download and health-check tools": ["shared_ops/apt-update.sh"],
+            "Install download and health-check tools": ["install", "ca-certificates"],
+            "Install the MinIO server binary (sha256-pinned)": [
+                "shared_ops/fetch-verified.sh",
+                "http://10.77.0.1:8077/minio/minio",
+                "b0e1d4802f568f8fbfb223dbafe1598718cfe1af12463d142adfe87b16e250e1",
+            ],
+            "System group minio-user": ["groupadd -r minio-user"],
+            "System user minio-user": ["useradd", "-s /usr/sbin/nologin", "-g minio-user", "-r"],
+            "MinIO data directory /mnt/data": [
+                "mkdir -p /mnt/data",
+                "chmod 750",
+                "chown minio-user:minio-user",
+            ],
+            # mode before content: the secret never sits in a world-readable file
+            "MinIO settings and credentials /etc/default/minio": ["chmod 600 /etc/default/minio", "upload"],
+            "MinIO systemd unit (official)": ["/etc/systemd/system/minio.service"],
+            "MinIO unit drop-in directory": ["mkdir -p /etc/systemd/system/minio.service.d"],
+            "MinIO starts only with /mnt/data mounted": ["RequiresMountsFor=/mnt/data"],
+            "Restart MinIO for its new binary or settings": ["systemctl daemon-reload", "minio.service"],
+            "MinIO enabled and running": ["systemctl enable minio.service"],
+            "Wait until MinIO is ready": ["http://127.0.0.1:9000/minio/health/ready"],
+            "Bucket det-checkpoints in region us-east-1 (from the controller)": ["run"],
+            "MinIO user determined: bucket det-checkpoints except backups/ (from the controller)": ["run"],
+            "MinIO user pg-backup: det-checkpoints/backups/postgresql/ only (from the controller)": ["run"],
+        },
+        controller=minio_controller,
+    ),
     Case(
         ipoib,
         "lab-gpu1",
@@ -615,7 +698,9 @@ def cold_plan(cluster, case: Case) -> list[Planned]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_fresh_node_gets_the_cold_deploy(lab, case):
+def test_fresh_node_gets_the_cold_deploy(lab, case, monkeypatch):
+    if case.controller:
+        case.controller(monkeypatch, deployed=False)
     cold = cold_plan(lab, case)
     deploy_name = cold[0].name.split(" | ", 1)[0]
     changes = {p.name.removeprefix(f"{deploy_name} | "): p.text for p in cold if p.changes}
@@ -626,8 +711,12 @@ def test_fresh_node_gets_the_cold_deploy(lab, case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_as_deployed_node_gets_no_change(lab, case):
+def test_as_deployed_node_gets_no_change(lab, case, monkeypatch):
+    if case.controller:
+        case.controller(monkeypatch, deployed=False)
     cold = cold_plan(lab, case)
+    if case.controller:
+        case.controller(monkeypatch, deployed=True)
     node = lab.node(case.node)
     again = plan(case.role.apply, case.deployed(lab, node, cold), cluster=lab, node=node)
     # Not always the same operations: some are added only where there is work (the driver's
