@@ -175,7 +175,11 @@ def shown(command) -> Any:
         if hasattr(src, "read"):
             src.seek(0)
             data = src.read()
-            data = data.decode() if isinstance(data, bytes) else data
+            if isinstance(data, bytes):  # binary (a random key) as its size: nothing to read
+                try:
+                    data = data.decode()
+                except UnicodeDecodeError:
+                    data = f"<{len(data)} bytes>"
         else:
             data = str(src)
         return ["upload", data, str(command.dest)]

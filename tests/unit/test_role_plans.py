@@ -10,6 +10,8 @@ after a deploy, as its facts read on the next run.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Block, Directory, File, FileContents, FindInFile, Link, Sha1File, Sha256File
+from pyinfra.facts.postgres import PostgresDatabases
 from pyinfra.facts.server import Groups, Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
@@ -28,6 +31,7 @@ from deploy.cluster import load_cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.fabric import OfedRelease
 from deploy.facts.keyring import KeptKeyring
+from deploy.facts.postgresql import RoleVerifier
 from deploy.facts.system import (
     FirewallRules,
     ManagedFiles,
@@ -39,16 +43,33 @@ from deploy.facts.system import (
 )
 from deploy.facts.trust import SecretFileState
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
-from roles import cuda, firewall, hosts, ipoib, kernel, minio, mofed, nccl, nvidia_driver
+from roles import (
+    cuda,
+    firewall,
+    hosts,
+    ipoib,
+    kernel,
+    minio,
+    mofed,
+    nccl,
+    nvidia_driver,
+    postgresql,
+    postgresql_role,
+)
 from roles.ipoib import ARPHRD_INFINIBAND
 from tests.unit.optest import Facts, Planned, changing, plan, shown
 from tests.unit.test_cluster import lab_copy
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    path, _ = lab_copy(tmp_path_factory.mktemp("lab"))
-    return load_cluster(path)
+def lab_secrets(tmp_path_factory):
+    path, secrets = lab_copy(tmp_path_factory.mktemp("lab"))
+    return load_cluster(path), secrets
+
+
+@pytest.fixture(scope="module")
+def lab(lab_secrets):
+    return lab_secrets[0]
 
 
 DEBIAN_12 = {
@@ -431,6 +452,32 @@ def minio_controller(monkeypatch, deployed: bool) -> None:
     monkeypatch.setattr(iam, "read_state", read_state)
 
 
+# --- roles/postgresql.py ----------------------------------------------------------------------
+
+
+def postgresql_fresh(cluster, node) -> dict:
+    return {**fresh(cluster, node), RoleVerifier: None, PostgresDatabases: {}}
+
+
+def postgresql_deployed(cluster, node, cold) -> Facts:
+    """The role made with the cold plan's verifier, as RoleVerifier reports it: its salt and a
+    digest keyed with the node key the cold plan wrote."""
+    facts = deployed(cluster, node, cold)
+    paths = placed(cold)
+    key = postgresql_role.hmac_key(paths[postgresql_role.DIGEST_KEY]["content"])
+    [statement] = [e["content"] for e in paths.values() if e["content"] and b" ROLE " in e["content"]]
+    verifier = re.search(rb"PASSWORD '([^']+)'", statement).group(1).decode()
+    facts.table[RoleVerifier] = {
+        "salt": verifier.split("$")[1],
+        "digest": hmac.new(key, verifier.encode(), "sha256").hexdigest(),
+    }
+    db = cluster.database
+    facts.table[PostgresDatabases] = {
+        db.name: {"owner": db.user, "encoding": "UTF8", "lc_collate": "C.UTF-8"}
+    }
+    return facts
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -487,6 +534,31 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
 
 
 CASES = [
+    Case(
+        postgresql,
+        "lab-master",
+        postgresql_fresh,
+        postgresql_deployed,
+        {
+            "Refresh apt lists for PostgreSQL 15": ["shared_ops/apt-update.sh"],
+            "Install PostgreSQL 15": ["install", "postgresql-15"],
+            "PostgreSQL settings for Determined (max_connections = 100)": [
+                "/etc/postgresql/15/main/conf.d/50-determined.conf",
+                "max_connections = 100",
+            ],
+            "Restart PostgreSQL for its new settings": ["postgresql@15-main.service"],
+            "PostgreSQL enabled and running": ["systemctl enable postgresql.service"],
+            "PostgreSQL cluster 15/main running": ["systemctl start postgresql@15-main.service"],
+            "Node key for the keyed digest of the role's password": [
+                "chmod 600 /var/lib/gpu-cluster/digest.key"
+            ],
+            "Database role determined (password from cluster.yaml)": [
+                "install -m 600 /dev/null /tmp/",
+                'CREATE ROLE \\"determined\\" WITH LOGIN PASSWORD \'SCRAM-SHA-256$4096:',
+            ],
+            "Database determined owned by determined": ['CREATE DATABASE "determined" OWNER "determined"'],
+        },
+    ),
     Case(
         minio,
         "lab-master",
@@ -708,6 +780,19 @@ def test_fresh_node_gets_the_cold_deploy(lab, case, monkeypatch):
     for name, parts in case.cold.items():
         for part in parts:
             assert part in changes[name], (name, part)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_no_secret_on_a_command_line(lab_secrets, case, monkeypatch):
+    """Commands are logged and show in `ps` on the node: secrets travel only in uploads."""
+    lab, secrets = lab_secrets
+    if case.controller:
+        case.controller(monkeypatch, deployed=False)
+    lines = [
+        c.get_raw_value() for op in cold_plan(lab, case) for c in op.commands if isinstance(c, StringCommand)
+    ]
+    assert lines
+    assert not [name for name, value in secrets.items() if any(value in line for line in lines)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
