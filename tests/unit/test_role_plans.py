@@ -29,6 +29,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from deploy.cluster import load_cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
+from deploy.facts.determined import DomainAgents
 from deploy.facts.fabric import OfedRelease
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
@@ -45,6 +46,9 @@ from deploy.facts.trust import SecretFileState
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
 from roles import (
     cuda,
+    determined_agent,
+    determined_master,
+    docker,
     firewall,
     hosts,
     ipoib,
@@ -99,6 +103,7 @@ def base_facts(more: dict) -> dict:
         LinuxDistribution: DEBIAN_12,
         Os: "Linux",
         TmpDir: "/tmp",  # where pyinfra puts its upload temp files
+        DomainAgents: lambda **_: {},  # no per-NVLink-domain agents (determined_domains.py)
         Which: lambda command: f"/usr/bin/{command}",
         File: no_file,
         Directory: no_file,
@@ -478,6 +483,23 @@ def postgresql_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
+# --- roles/docker.py --------------------------------------------------------------------------
+
+
+def docker_deployed(cluster, node, cold) -> Facts:
+    """daemon.json as nvidia-ctk (a command, not an upload: the cold plan cannot show what it
+    wrote) and then the ulimits merge leave it."""
+    facts = deployed(cluster, node, cold)
+    ctk = ['{"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}']
+    content = docker.merged(ctk, docker.daemon_settings(cluster.determined.memlock_bytes))
+    table = facts.table
+    before = table[FileContents]
+    table[FileContents] = lambda path, **_: (
+        content.splitlines() if path == docker.DAEMON_JSON else before(path)
+    )
+    return facts
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -534,6 +556,80 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
 
 
 CASES = [
+    Case(
+        docker,
+        "lab-gpu1",
+        fresh,
+        docker_deployed,
+        {
+            "Refresh apt lists for Docker": ["shared_ops/apt-update.sh"],
+            "Install Docker": ["install", "docker.io"],
+            **CUDA_REPO,
+            **pinned_packages(
+                "nvidia-container-toolkit",
+                "libnvidia-container1=1.13.5-1 and 3 more",
+                "nvidia-container-toolkit=1.13.5-1",
+            ),
+            "Docker knows the nvidia runtime (nvidia-ctk)": ["nvidia-ctk runtime configure --runtime=docker"],
+            "Docker's default ulimits: memlock 8388608 bytes": ["/etc/docker/daemon.json", "8388608"],
+            "Restart Docker for its new daemon.json": ["docker.service"],
+            "Docker enabled and running": ["systemctl enable docker.service"],
+        },
+    ),
+    Case(
+        determined_agent,
+        "lab-gpu3",  # one agent for the node (agent_layout per_node)
+        fresh,
+        deployed,
+        {
+            "Refresh apt lists for download tools": ["shared_ops/apt-update.sh"],
+            "Install download tools": ["install", "ca-certificates"],
+            "/etc/determined": ["mkdir -p /etc/determined"],
+            "Agent configuration /etc/determined/agent.yaml": [
+                "/etc/determined/agent.yaml",
+                "master_port: 23457",
+                'container_master_host: \\"10.77.0.10\\"',  # JSON-quoted in the upload shown
+                'agent_id: \\"lab-gpu3\\"',
+            ],
+            "Agent unit drop-in: keep retrying until the master answers": [
+                "/etc/systemd/system/determined-agent.service.d/10-restart.conf"
+            ],
+            "Install determined-agent 0.38.0 (sha256-pinned)": [
+                "determined-agent_0.38.0_linux_amd64.deb",
+                "0069d3f89eff57ef6edb4450c5800f1837cbdf7ee64f28f71261a73b8f776eb0",
+            ],
+            "Agent enabled and running": ["systemctl enable determined-agent.service"],
+        },
+    ),
+    Case(
+        determined_master,
+        "lab-master",
+        fresh,
+        deployed,
+        {
+            "Refresh apt lists for download and health-check tools": ["shared_ops/apt-update.sh"],
+            "Install download and health-check tools": ["install", "ca-certificates"],
+            "/etc/determined": ["mkdir -p /etc/determined", "chmod 755"],
+            "Master configuration /etc/determined/master.yaml": [
+                "chmod 600 /etc/determined/master.yaml",
+                "port: 23457",
+            ],
+            "Master S3 environment /etc/determined/master-s3.env": [
+                "chmod 600 /etc/determined/master-s3.env"
+            ],
+            "Master unit drop-in loading the S3 environment": [
+                "/etc/systemd/system/determined-master.service.d/10-s3.conf"
+            ],
+            "Install determined-master 0.38.0 (sha256-pinned)": [
+                "shared_ops/fetch-verified.sh",
+                "determined-master_0.38.0_linux_amd64.deb",
+                "d2ac9138217334f509a81fafdb97b0c10d783368af5ec4ee718c3d353cd072f5",
+            ],
+            # No "Restart the master for its new configuration": the install starts it anew.
+            "Master enabled and running": ["systemctl enable determined-master.service"],
+            "Wait until the Determined master is ready": ["http://127.0.0.1:23457/health"],
+        },
+    ),
     Case(
         postgresql,
         "lab-master",
