@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import Block, Directory, File, FileContents, FindInFile, Link, Sha1File, Sha256File
 from pyinfra.facts.postgres import PostgresDatabases
 from pyinfra.facts.server import Groups, Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Users, Which
@@ -30,6 +31,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from deploy.cluster import load_cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.determined import DomainAgents
+from deploy.facts.determined_users import MasterUsers
 from deploy.facts.fabric import OfedRelease
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
@@ -45,9 +47,11 @@ from deploy.facts.system import (
 from deploy.facts.trust import SecretFileState
 from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
 from roles import (
+    apt_proxy,
     cuda,
     determined_agent,
     determined_master,
+    determined_users,
     docker,
     firewall,
     hosts,
@@ -57,8 +61,10 @@ from roles import (
     mofed,
     nccl,
     nvidia_driver,
+    pg_backup,
     postgresql,
     postgresql_role,
+    task_images,
 )
 from roles.ipoib import ARPHRD_INFINIBAND
 from tests.unit.optest import Facts, Planned, changing, plan, shown
@@ -500,6 +506,34 @@ def docker_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
+# --- roles/determined_users.py, roles/task_images.py: what the master and Docker report -------
+
+MASTER_STARTING = {"master": "down", "admin": "error", "determined": "unknown"}  # just installed
+MASTER_SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
+
+
+def users_fresh(cluster, node) -> dict:
+    return {**fresh(cluster, node), MasterUsers: MASTER_STARTING}
+
+
+def users_deployed(cluster, node, cold) -> Facts:
+    facts = deployed(cluster, node, cold)
+    facts.table[MasterUsers] = MASTER_SETTLED
+    return facts
+
+
+def images_fresh(cluster, node) -> dict:
+    return {**fresh(cluster, node), DockerImage: lambda object_id, **_: []}
+
+
+def images_deployed(cluster, node, cold) -> Facts:
+    facts = deployed(cluster, node, cold)
+    facts.table[DockerImage] = lambda object_id, **_: [
+        {"Id": "sha256:" + "0" * 64, "RepoDigests": [object_id]}
+    ]
+    return facts
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -510,8 +544,8 @@ class Case:
     fresh: Callable  # (cluster, node) -> facts of a fresh node
     deployed: Callable  # (cluster, node, cold plan) -> facts of the node once deployed
     # The cold plan's operations that change something, in order: name -> parts of their
-    # commands (shown as optest.shown writes them) that must be there.
-    cold: dict[str, list[str]]
+    # commands (shown as optest.shown writes them) that must be there; or (cluster) -> that.
+    cold: dict[str, list[str]] | Callable
     # What the controller reads from the cluster's services (MinIO's admin API, Determined's
     # REST API) while planning: (monkeypatch, deployed) sets it up, no network involved.
     controller: Callable | None = None
@@ -556,6 +590,61 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
 
 
 CASES = [
+    Case(
+        apt_proxy,
+        "lab-gpu1",
+        fresh,
+        deployed,
+        {
+            "Apt proxy and lock timeout": [
+                "/etc/apt/apt.conf.d/90gpu-cluster",
+                'DPkg::Lock::Timeout \\"600\\"',
+                'Acquire::http::Proxy \\"http://10.77.0.1:3142\\"',
+            ],
+        },
+    ),
+    Case(
+        pg_backup,
+        "lab-master",
+        fresh,
+        deployed,
+        {
+            "Refresh apt lists for the backup program's interpreter": ["shared_ops/apt-update.sh"],
+            "Install the backup program's interpreter": ["install", "python3"],
+            "Backup program /usr/local/sbin/pg-backup": ["files/pg_backup/pg-backup", "chmod 755"],
+            "/etc/pg-backup": ["mkdir -p /etc/pg-backup"],
+            "Backup settings /etc/pg-backup/pg-backup.conf": ["/etc/pg-backup/pg-backup.conf"],
+            "Backup S3 keys /etc/pg-backup/s3.env": ["chmod 600 /etc/pg-backup/s3.env"],
+            "Backup unit pg-backup.service": ["/etc/systemd/system/pg-backup.service"],
+            "Backup unit pg-backup.timer": ["/etc/systemd/system/pg-backup.timer"],
+            "Reload systemd for the backup units": ["systemctl daemon-reload"],
+            "Nightly backup timer enabled and running": ["systemctl enable pg-backup.timer"],
+        },
+    ),
+    Case(
+        determined_users,
+        "lab-master",
+        users_fresh,
+        users_deployed,
+        {
+            "Determined users: admin's password is determined.admin_password, `determined` inactive": [
+                "python3 -c",
+                " apply 23457 /etc/determined/master.yaml",
+            ]
+        },
+    ),
+    Case(
+        task_images,
+        "lab-gpu3",
+        images_fresh,
+        images_deployed,
+        # The images by digest as cluster.yaml pins them (tests.lab up rewrites the lab's pins).
+        lambda cluster: {
+            "Docker's CA directory for 10.77.0.1:5000": ["mkdir -p /etc/docker/certs.d/10.77.0.1:5000"],
+            "Registry CA for 10.77.0.1:5000": ["/etc/docker/certs.d/10.77.0.1:5000/ca.crt"],
+            **{f"Trial image {ref}": [f"docker image pull {ref}"] for ref in task_images.pulled(cluster)},
+        },
+    ),
     Case(
         docker,
         "lab-gpu1",
@@ -872,8 +961,9 @@ def test_fresh_node_gets_the_cold_deploy(lab, case, monkeypatch):
     cold = cold_plan(lab, case)
     deploy_name = cold[0].name.split(" | ", 1)[0]
     changes = {p.name.removeprefix(f"{deploy_name} | "): p.text for p in cold if p.changes}
-    assert list(changes) == list(case.cold)
-    for name, parts in case.cold.items():
+    expected = case.cold(lab) if callable(case.cold) else case.cold
+    assert list(changes) == list(expected)
+    for name, parts in expected.items():
         for part in parts:
             assert part in changes[name], (name, part)
 
