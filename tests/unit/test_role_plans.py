@@ -33,6 +33,7 @@ from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.determined import DomainAgents
 from deploy.facts.determined_users import MasterUsers
 from deploy.facts.fabric import OfedRelease
+from deploy.facts.gpu import GpuPersistence, NvSwitches
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
 from deploy.facts.system import (
@@ -45,7 +46,14 @@ from deploy.facts.system import (
     UnitState,
 )
 from deploy.facts.trust import SecretFileState
-from deploy.pins import CUDA_KEYRING_VERSION, CUDA_LINK, all_pins, cuda_home, ofed_release
+from deploy.pins import (
+    CUDA_KEYRING_VERSION,
+    CUDA_LINK,
+    all_pins,
+    cuda_home,
+    fabricmanager_pins,
+    ofed_release,
+)
 from roles import (
     apt_proxy,
     cuda,
@@ -54,6 +62,7 @@ from roles import (
     determined_users,
     docker,
     firewall,
+    gpu_services,
     hosts,
     ipoib,
     kernel,
@@ -181,9 +190,12 @@ def firewall_deployed_after(cluster, node, cold) -> dict:
 # --- one fresh node, and the same node once deployed ------------------------------------------
 
 
-def pins_of(cluster) -> dict[str, str]:
-    """Every apt pin of a GPU node, package -> version."""
-    return {p: v for pinset in all_pins(cluster.versions) for p, v in pinset.packages}
+def pins_of(cluster, fabric_manager: bool = True) -> dict[str, str]:
+    """Every apt pin of a GPU node, package -> version (the fabric manager's: NVSwitch nodes)."""
+    pinsets = [*all_pins(cluster.versions)]
+    if fabric_manager:
+        pinsets.append(fabricmanager_pins(cluster.versions.nvidia_driver))
+    return {p: v for pinset in pinsets for p, v in pinset.packages}
 
 
 def mirror_offers(cluster):
@@ -333,7 +345,9 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
     files = {path: e for path, e in paths.items() if e["content"] is not None}
     dirs = {path: e for path, e in paths.items() if e["content"] is None}
     dirs.update({str(Path(path).parent): {"mode": 755, "user": "root", "group": "root"} for path in files})
-    pins = pins_of(cluster)
+    # The fabric manager only where the cold plan installed it: elsewhere the role removes it.
+    fabric = fabricmanager_pins(cluster.versions.nvidia_driver).packages[0][0] in apt_installed(cold)
+    pins = pins_of(cluster, fabric_manager=fabric)
     groups, users = accounts(cold)
     fetched = fetched_files(cold)
 
@@ -534,6 +548,42 @@ def images_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
+# --- roles/gpu_services.py --------------------------------------------------------------------
+
+
+def gpu_fresh(switches: list[str]) -> Callable:
+    def facts(cluster, node) -> dict:
+        # nvidia-smi has no driver yet: no GPU listed (the daemon's start sets persistence).
+        return {**fresh(cluster, node), GpuPersistence: {}, NvSwitches: switches}
+
+    return facts
+
+
+def gpu_deployed(switches: list[str]) -> Callable:
+    def facts(cluster, node, cold) -> Facts:
+        facts = deployed(cluster, node, cold)
+        facts.table.update(
+            {GpuPersistence: {0: "Enabled", 1: "Enabled"}, NvSwitches: switches, Link: links(cold)}
+        )
+        return facts
+
+    return facts
+
+
+def links(cold: list[Planned]):
+    """pyinfra's Link fact for the symlinks the cold plan's `ln -s` made."""
+    made = {}
+    for op in cold:
+        for command in op.commands:
+            if isinstance(command, StringCommand):
+                words = shlex.split(command.get_raw_value())
+                if words[:1] == ["ln"] and "-s" in words:
+                    made[words[-1]] = words[-2]
+    return lambda path, **_: (
+        {"link_target": made[path], "user": "root", "group": "root"} if path in made else None
+    )
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -589,7 +639,41 @@ def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]
     }
 
 
+PERSISTENCED = {
+    "nvidia-persistenced turns persistence mode on": [
+        "/etc/systemd/system/nvidia-persistenced.service.d/10-persistence-mode.conf"
+    ],
+    "nvidia-persistenced starts at every boot": [
+        "ln -s /lib/systemd/system/nvidia-persistenced.service /etc/systemd/system/multi-user.target.wants/"
+    ],
+    "Reload systemd for nvidia-persistenced": ["systemctl daemon-reload"],
+    "Restart nvidia-persistenced with persistence mode": ["nvidia-persistenced.service"],
+    "nvidia-persistenced running": ["systemctl start nvidia-persistenced.service"],
+}
+PEERMEM = {"nvidia-peermem loads at boot (GPUDirect RDMA)": ["/etc/modules-load.d/nvidia-peermem.conf"]}
+
 CASES = [
+    Case(gpu_services, "lab-gpu3", gpu_fresh([]), gpu_deployed([]), {**PERSISTENCED, **PEERMEM}),
+    Case(
+        gpu_services,
+        "lab-gpu2",  # NVSwitches: the fabric manager at the driver's branch
+        gpu_fresh(["0000:07:00.0", "0000:08:00.0"]),
+        gpu_deployed(["0000:07:00.0", "0000:08:00.0"]),
+        {
+            **PERSISTENCED,
+            **CUDA_REPO,
+            **pinned_packages(
+                "nvidia-fabricmanager", "nvidia-fabricmanager-515=515.65.01-1", "nvidia-fabricmanager-515="
+            ),
+            "The fabric manager starts before the agents": [
+                "/etc/systemd/system/nvidia-fabricmanager.service.d/"
+            ],
+            "Reload systemd for the fabric manager": ["systemctl daemon-reload"],
+            "Restart the fabric manager at its new version": ["nvidia-fabricmanager.service"],
+            "Fabric manager enabled and running": ["systemctl enable nvidia-fabricmanager.service"],
+            **PEERMEM,
+        },
+    ),
     Case(
         apt_proxy,
         "lab-gpu1",
