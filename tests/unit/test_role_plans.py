@@ -25,7 +25,17 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.docker import DockerImage
 from pyinfra.facts.files import Block, Directory, File, FileContents, FindInFile, Link, Sha1File, Sha256File
 from pyinfra.facts.postgres import PostgresDatabases
-from pyinfra.facts.server import Groups, Hostname, KernelVersion, LinuxDistribution, Os, TmpDir, Users, Which
+from pyinfra.facts.server import (
+    Groups,
+    Hostname,
+    KernelVersion,
+    LinuxDistribution,
+    Os,
+    Port,
+    TmpDir,
+    Users,
+    Which,
+)
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from deploy.cluster import load_cluster
@@ -37,12 +47,15 @@ from deploy.facts.gpu import GpuPersistence, NvSwitches
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
 from deploy.facts.system import (
+    DiskFreeGB,
     FirewallRules,
+    IsMountPoint,
     ManagedFiles,
     NetDevice,
     NetLinkTypes,
     NetplanFeatures,
     ResolvedPath,
+    SecureBootState,
     UnitState,
 )
 from deploy.facts.trust import SecretFileState
@@ -73,6 +86,7 @@ from roles import (
     pg_backup,
     postgresql,
     postgresql_role,
+    preflight,
     task_images,
 )
 from roles.ipoib import ARPHRD_INFINIBAND
@@ -1077,3 +1091,39 @@ def test_as_deployed_node_gets_no_change(lab, case, monkeypatch):
     # Not always the same operations: some are added only where there is work (the driver's
     # "remember the reboot" before an install). Every one that is there is a no-op.
     assert again and changing(again) == []
+
+
+# --- roles/preflight.py: no change when the node passes, one failing step when it does not ------
+
+
+def preflight_facts(cluster, node) -> dict:
+    return {
+        **fresh(cluster, node),
+        SecureBootState: ("disabled", "SecureBoot disabled"),
+        DiskFreeGB: 120.0,
+        IsMountPoint: True,  # storage.data_dir is the data disk
+        Port: None,  # nothing listens on the master's port yet
+    }
+
+
+@pytest.mark.parametrize(
+    "over, problem",
+    [
+        ({}, None),
+        ({DiskFreeGB: 1.5}, "/ has 1.5 GB free, needs 2.0 GB"),
+        ({IsMountPoint: False}, "storage.data_dir /mnt/data is not a mount point"),
+        ({SecureBootState: ("enabled", "SecureBoot enabled")}, "Secure Boot is on (SecureBoot enabled)"),
+        (
+            {KernelVersion: "5.10.0-28-amd64"},
+            "kernel 5.10.0-28-amd64 is not allowed on Debian 12 (allowed: 6.*)",
+        ),
+    ],
+)
+def test_preflight_passes_a_fit_node_and_stops_an_unfit_one(lab, over, problem):
+    node = lab.node("lab-master")
+    [check] = plan(preflight.apply, {**preflight_facts(lab, node), **over}, cluster=lab, node=node)
+    if problem is None:
+        assert not check.changes and check.noops == ["preflight passed"]
+    else:
+        assert check.changes and "exit 1" in check.text
+        assert f"preflight failed on lab-master: {problem}" in check.text
