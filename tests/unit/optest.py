@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib
+import inspect
 import json
 import shlex
 from collections.abc import Callable, Iterator
@@ -74,7 +76,8 @@ class Facts:
     table: dict = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)  # what get_file (SFTP) serves
     # Facts not in the table read by running the fact's command on this machine, and files
-    # served from this machine: for operations tested against a real local service.
+    # served from this machine: for operations tested against a real local service (no
+    # MissingFact then: the reader answers every fact).
     reader: Callable[[type, dict], Any] | None = None
     local_files: bool = False
     asked: list[tuple[type, dict]] = field(default_factory=list)
@@ -82,8 +85,6 @@ class Facts:
 
     def get(self, cls, *args, **kwargs):
         if args:  # pyinfra's get_fact takes positional fact arguments: name them as the fact does
-            import inspect
-
             names = [p for p in inspect.signature(cls.command).parameters if p != "self"]
             kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
         # Connector arguments (_sudo, _env, ...) change how a fact is read, not which one it is.
@@ -226,8 +227,6 @@ def case_files() -> list[Path]:
 
 def load_fact_class(name: str) -> type:
     """ "deb.DebPackages" (pyinfra.facts.deb) or "deploy.facts.trust.SecretFileState"."""
-    import importlib
-
     module, _, cls = name.rpartition(".")
     if not module.startswith(("pyinfra.", "deploy.")):
         module = f"pyinfra.facts.{module}"
@@ -286,8 +285,8 @@ def _one_host_state(facts: Facts) -> Iterator[tuple[State, Any]]:
     # and a Config, no connect_all. The host never connects: its three methods that would reach
     # the node are replaced on this one Host object (never on pyinfra's class) by the fact table.
     state = State(Inventory((["node"], {})), Config())
-    # Plan without calling each operation's generator: the walk in plan() calls it once, after
-    # the `_if` of the operation has been evaluated, as pyinfra's execution does.
+    # Plan without calling each operation's generator (pyinfra would, to count changes, before
+    # any `_if` can be known): the walk in plan() calls it once, as pyinfra's execution does.
     state.check_for_changes = False
     host = state.inventory.get_host("node")
     noops: list[str] = []
@@ -297,15 +296,6 @@ def _one_host_state(facts: Facts) -> Iterator[tuple[State, Any]]:
     host.recorded_noops = noops  # type: ignore[attr-defined]
     with ctx_state.use(state), ctx_host.use(host):
         yield state, host
-
-
-def _if_holds(global_arguments) -> bool:
-    conditions = global_arguments.get("_if")
-    if conditions is None:
-        return True
-    if callable(conditions):
-        return bool(conditions())
-    return all(condition() for condition in conditions)
 
 
 def plan(deploy: Callable, facts, *args, **kwargs) -> list[Planned]:
@@ -318,15 +308,16 @@ def plan(deploy: Callable, facts, *args, **kwargs) -> list[Planned]:
     planned: list[Planned] = []
     with _one_host_state(facts) as (state, host):
         deploy(*args, **kwargs)
-        # From here on as pyinfra's run_ops: operations that look at state.is_executing (an
-        # `_if` inside the generator, apt_pins.update_if_stale's sources_changed) see a run.
+        # From here on as pyinfra's run_ops: with state.is_executing the generator pyinfra made
+        # for each operation first evaluates its `_if` (pyinfra/api/operation.py) and yields
+        # nothing when it is false; apt_pins.update_if_stale reads it for sources_changed.
         state.is_executing = True
         for op_hash in state.get_op_order():
             op_data = state.get_op_data_for_host(host, op_hash)
             before = len(host.recorded_noops)
-            commands = list(op_data.command_generator()) if _if_holds(op_data.global_arguments) else []
+            commands = list(op_data.command_generator())
             op_data.operation_meta.set_complete(True, commands, CommandOutput([]))
-            (name,) = sorted(state.get_op_meta(op_hash).names)[:1]
+            name = min(state.get_op_meta(op_hash).names)  # one name per operation here
             planned.append(Planned(name, commands, host.recorded_noops[before:]))
     facts.check()
     return planned

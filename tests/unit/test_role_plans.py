@@ -40,10 +40,10 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from deploy.cluster import load_cluster
 from deploy.facts.apt import AptRepoVersions, HeldPackages
-from deploy.facts.determined import DomainAgents
+from deploy.facts.determined import DomainAgents, Instance
 from deploy.facts.determined_users import MasterUsers
 from deploy.facts.fabric import OfedRelease
-from deploy.facts.gpu import GpuPersistence, NvSwitches
+from deploy.facts.gpu import GpuMigModes, GpuPersistence, GpuTopology, NvSwitches
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
 from deploy.facts.system import (
@@ -598,6 +598,34 @@ def links(cold: list[Planned]):
     )
 
 
+# --- roles/determined_domains.py: one agent per NVLink domain ---------------------------------
+
+TOPOLOGY = Path(__file__).parent / "topology_data" / "dgx1_v100_hybrid_cube_mesh.txt"  # 2 x 4 GPUs
+
+
+def domains_fresh(cluster, node) -> dict:
+    # The topology as the operation reads it when it runs, after the driver's reboot.
+    return {
+        **fresh(cluster, node),
+        GpuTopology: GpuTopology().process(TOPOLOGY.read_text().splitlines()),
+        GpuMigModes: dict.fromkeys(range(8), "Disabled"),
+    }
+
+
+def domains_deployed(cluster, node, cold) -> Facts:
+    facts = deployed(cluster, node, cold)
+    running = Instance(config=True, enabled=True, active="active")
+    facts.table.update(
+        {
+            GpuTopology: domains_fresh(cluster, node)[GpuTopology],
+            GpuMigModes: dict.fromkeys(range(8), "Disabled"),
+            DomainAgents: lambda **_: {"0": running, "1": running},
+            UnitState: lambda unit, **_: ("inactive", "disabled"),  # the package's plain unit: off
+        }
+    )
+    return facts
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -667,6 +695,31 @@ PERSISTENCED = {
 PEERMEM = {"nvidia-peermem loads at boot (GPUDirect RDMA)": ["/etc/modules-load.d/nvidia-peermem.conf"]}
 
 CASES = [
+    Case(
+        determined_agent,
+        "lab-gpu1",  # agent_layout per_domain, two 4-GPU NVLink domains
+        domains_fresh,
+        domains_deployed,
+        {
+            "Refresh apt lists for download tools": ["shared_ops/apt-update.sh"],
+            "Install download tools": ["install", "ca-certificates"],
+            "/etc/determined": ["mkdir -p /etc/determined"],
+            "/etc/determined/agent.yaml: unused on a per_domain node (no master_host)": [
+                "agent_layout: per_domain"
+            ],
+            "Agent unit drop-in: keep retrying until the master answers": ["agent-10-restart.conf"],
+            "Install determined-agent 0.38.0 (sha256-pinned)": ["determined-agent_0.38.0_linux_amd64.deb"],
+            "Per-domain agent unit /etc/systemd/system/determined-agent@.service": [
+                "/etc/systemd/system/determined-agent@.service"
+            ],
+            "One agent per NVLink domain (nvidia-smi topo -m, read now)": [
+                "/etc/determined/agent-0.yaml",
+                "/etc/determined/agent-1.yaml",
+                "systemctl enable determined-agent@0.service",
+                "systemctl restart determined-agent@1.service",
+            ],
+        },
+    ),
     Case(gpu_services, "lab-gpu3", gpu_fresh([]), gpu_deployed([]), {**PERSISTENCED, **PEERMEM}),
     Case(
         gpu_services,
