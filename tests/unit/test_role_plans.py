@@ -80,6 +80,7 @@ from roles import (
     ipoib,
     kernel,
     minio,
+    minio_tls,
     mofed,
     nccl,
     nvidia_driver,
@@ -626,6 +627,17 @@ def domains_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
+# --- roles/minio_tls.py without storage.tls: a CA an earlier cluster.yaml installed goes --------
+
+
+def old_ca_fresh(cluster, node) -> dict:
+    ca = minio_tls.SYSTEM_CA
+    return {
+        **fresh(cluster, node),
+        File: lambda path, **_: {"mode": 644, "user": "root", "group": "root"} if path == ca else None,
+    }
+
+
 # --- the cases ----------------------------------------------------------------------------------
 
 
@@ -695,6 +707,18 @@ PERSISTENCED = {
 PEERMEM = {"nvidia-peermem loads at boot (GPUDirect RDMA)": ["/etc/modules-load.d/nvidia-peermem.conf"]}
 
 CASES = [
+    Case(
+        minio_tls,
+        "lab-gpu1",
+        old_ca_fresh,
+        deployed,  # the file is gone: the cold plan uploaded nothing there
+        {
+            f"No storage CA without storage.tls.ca_certificate ({minio_tls.SYSTEM_CA})": [
+                f"rm -f {minio_tls.SYSTEM_CA}"
+            ],
+            "Rebuild the system trust store without the storage CA": ["update-ca-certificates"],
+        },
+    ),
     Case(
         determined_agent,
         "lab-gpu1",  # agent_layout per_domain, two 4-GPU NVLink domains
