@@ -3,8 +3,17 @@ as-deployed facts give no change.
 
 tests/unit/optest.py `plan` runs a role's @deploy apply() under a real pyinfra State for one
 host that never connects; the facts below are all it may read (a missing one fails the test by
-name). "fresh" is a Debian 12 node as the installer leaves it; "deployed" is the same node
-after a deploy, as its facts read on the next run.
+name). "fresh" is a Debian 12 node as its installer leaves it; "deployed" is that node once the
+cold plan ran, its facts derived from the cold plan itself (its uploads, mkdir/chmod/chown,
+groupadd/useradd, fetch-verified files, apt installs) plus the pins, so a role whose second run
+would differ from what its first one wrote shows up as a change.
+
+What a plan here cannot show: facts are read once, so an operation sees the node as it was
+before the run, not as the operations before it left it (pyinfra re-reads facts when it
+executes). Where that matters the fresh case gives the facts an operation meets when it runs on
+a cold deploy: the apt cache already lists the mirror's pins (the plan's own `apt-get update`
+brings them), the GPU topology is readable (the driver's reboot came first). Services the
+controller talks to (MinIO's admin API) are facts of the case too (Case.controller).
 """
 
 from __future__ import annotations
@@ -659,11 +668,6 @@ class Case:
         return f"{self.role.__name__.rsplit('.', 1)[-1]}@{self.node}"
 
 
-def same_node(fresh_facts: Callable) -> Callable:
-    """`deployed` for roles whose second run reads what the first left: facts of their own."""
-    return lambda cluster, node, cold: fresh_facts(cluster, node)
-
-
 # The CUDA repository's two operations, in every role that installs from it.
 CUDA_REPO = {
     "NVIDIA CUDA apt repository | Trust the CUDA repository (cuda-keyring_1.1-1_all.deb)": [
@@ -1204,3 +1208,54 @@ def test_preflight_passes_a_fit_node_and_stops_an_unfit_one(lab, over, problem):
     else:
         assert check.changes and "exit 1" in check.text
         assert f"preflight failed on lab-master: {problem}" in check.text
+
+
+# --- drift: the as-deployed test has teeth ------------------------------------------------------
+
+
+def drifted_nccl(cluster, node, cold) -> Facts:
+    facts = deployed(cluster, node, cold)
+    facts.table[DebPackages] = {**facts.table[DebPackages], "libnccl2": ["2.18.1-1+cuda12.1"]}
+    return facts
+
+
+def drifted_hosts(cluster, node, cold) -> dict:
+    facts = hosts_deployed_after(cluster, node, cold)
+    return {**facts, Block: hosts.hosts_block(cluster).splitlines()[1:]}  # a node's line lost
+
+
+def drifted_minio_env(cluster, node, cold) -> Facts:
+    facts = deployed(cluster, node, cold)
+    facts.files["/etc/default/minio"] = b"MINIO_ROOT_USER=someone-else\n"
+    return facts
+
+
+@pytest.mark.parametrize(
+    "role, node, fresh_facts, drifted, repaired",
+    [
+        (
+            nccl,
+            "lab-gpu1",
+            fresh,
+            drifted_nccl,
+            ["NCCL | Pinned packages | Install libnccl2=2.14.3-1+cuda11.7 and 1 more"],
+        ),
+        (hosts, "lab-gpu1", hosts_fresh, drifted_hosts, ["Hosts | Cluster hosts block"]),
+        (
+            minio,
+            "lab-master",
+            fresh,
+            drifted_minio_env,
+            [
+                "MinIO object storage | MinIO settings and credentials /etc/default/minio",
+                "MinIO object storage | Restart MinIO for its new binary or settings",
+                "MinIO object storage | Wait until MinIO is ready",
+            ],
+        ),
+    ],
+)
+def test_a_drifted_node_gets_only_the_repair(lab, monkeypatch, role, node, fresh_facts, drifted, repaired):
+    minio_controller(monkeypatch, deployed=True)  # minio: MinIO itself as cluster.yaml says
+    n = lab.node(node)
+    cold = plan(role.apply, fresh_facts(lab, n), cluster=lab, node=n)
+    assert changing(plan(role.apply, drifted(lab, n, cold), cluster=lab, node=n)) == repaired
