@@ -173,7 +173,7 @@ def shown(command) -> Any:
         return kept_script(command.get_masked_value())
     if isinstance(command, FileUploadCommand):
         src = command.src
-        if hasattr(src, "read"):
+        if not isinstance(src, str):  # a file object (StringIO, BytesIO); a str is a local path
             src.seek(0)
             data = src.read()
             if isinstance(data, bytes):  # binary (a random key) as its size: nothing to read
@@ -290,9 +290,9 @@ def _one_host_state(facts: Facts) -> Iterator[tuple[State, Any]]:
     state.check_for_changes = False
     host = state.inventory.get_host("node")
     noops: list[str] = []
-    host.get_fact = facts.get  # type: ignore[method-assign]
+    host.get_fact = facts.get  # type: ignore[method-assign,assignment]
     host.get_file = facts.get_file  # type: ignore[method-assign]
-    host.noop = noops.append  # type: ignore[method-assign]
+    host.noop = noops.append  # type: ignore[method-assign,assignment]
     host.recorded_noops = noops  # type: ignore[attr-defined]
     with ctx_state.use(state), ctx_host.use(host):
         yield state, host

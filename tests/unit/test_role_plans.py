@@ -459,7 +459,7 @@ def ipoib_fresh(netplan: bool) -> Callable:
 
 
 def ipoib_deployed(netplan: bool) -> Callable:
-    def facts(cluster, node, cold) -> dict:
+    def facts(cluster, node, cold) -> Facts:
         cidr = f"{node.ipoib_address}/{cluster.network.ipoib.subnet.prefixlen}"
         facts = deployed(cluster, node, cold)
         facts.table.update(
@@ -515,7 +515,9 @@ def postgresql_deployed(cluster, node, cold) -> Facts:
     paths = placed(cold)
     key = postgresql_role.hmac_key(paths[postgresql_role.DIGEST_KEY]["content"])
     [statement] = [e["content"] for e in paths.values() if e["content"] and b" ROLE " in e["content"]]
-    verifier = re.search(rb"PASSWORD '([^']+)'", statement).group(1).decode()
+    found = re.search(rb"PASSWORD '([^']+)'", statement)
+    assert key is not None and found is not None, "the cold plan wrote the node key and the role"
+    verifier = found.group(1).decode()
     facts.table[RoleVerifier] = {
         "salt": verifier.split("$")[1],
         "digest": hmac.new(key, verifier.encode(), "sha256").hexdigest(),
@@ -536,6 +538,7 @@ def docker_deployed(cluster, node, cold) -> Facts:
     facts = deployed(cluster, node, cold)
     ctk = ['{"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}']
     content = docker.merged(ctk, docker.daemon_settings(cluster.determined.memlock_bytes))
+    assert content is not None  # the ulimits are not in nvidia-ctk's file: the merge adds them
     table = facts.table
     before = table[FileContents]
     table[FileContents] = lambda path, **_: (
