@@ -115,6 +115,14 @@ def lab(lab_secrets):
     return lab_secrets[0]
 
 
+@pytest.fixture(autouse=True)
+def _no_operator_login(monkeypatch):
+    # determined_users reads the operator's DET_USER/DET_PASS: a plan must not depend on the
+    # shell the tests run from.
+    monkeypatch.delenv("DET_USER", raising=False)
+    monkeypatch.delenv("DET_PASS", raising=False)
+
+
 DEBIAN_12 = {
     "name": "Debian",
     "major": 12,
