@@ -8,7 +8,6 @@ program against the determined-master stand-in, from a fresh database to a chang
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import subprocess
 import sys
@@ -16,41 +15,23 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.context import ctx_host
 
 from deploy.facts.determined_users import PROGRAM, MasterUsers
 from roles import determined_users
+from tests.unit.optest import Facts, run_op
 from tests.unit.test_standin_determined import MasterProcess, _psql, base_config, postgres  # noqa: F401
 
 SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
 OPERATOR_PASSWORD = "Old-Passw0rd 'with' $(quotes)"
 
 
-class FakeHost:
-    def __init__(self, state):
-        self.state = state
-        self.noops: list[str] = []
-        self.asked: list[dict] = []
-
-    def get_fact(self, cls, **kwargs):
-        assert cls is MasterUsers
-        self.asked.append(kwargs)
-        return self.state
-
-    def noop(self, message):
-        self.noops.append(message)
-
-    def get_temp_filename(self, key=None, **kwargs):
-        return f"/tmp/pyinfra-{hashlib.sha1(str(key).encode()).hexdigest()}"
-
-
-def run_op(state) -> tuple[list, FakeHost]:
-    fake = FakeHost(state)
-    with ctx_host.use(fake):
-        commands = list(
-            determined_users.built_in_users._inner(port=8080, config="/etc/determined/master.yaml")
-        )
-    return commands, fake
+def run_users(state) -> tuple[list, list[str], list]:
+    """The operation's commands, no-op notes and fact reads with MasterUsers giving `state`."""
+    facts = Facts({MasterUsers: state})
+    commands, noops = run_op(
+        determined_users.built_in_users, facts, port=8080, config="/etc/determined/master.yaml"
+    )
+    return commands, noops, facts.asked
 
 
 @pytest.fixture(autouse=True)
@@ -61,9 +42,9 @@ def _no_operator_login(monkeypatch):
 
 @pytest.mark.parametrize("determined", ["inactive", "absent"])
 def test_settled_master_is_no_change(determined):
-    commands, fake = run_op({**SETTLED, "determined": determined})
-    assert commands == [] and fake.noops
-    assert fake.asked == [{"port": 8080, "config": "/etc/determined/master.yaml"}]
+    commands, noops, asked = run_users({**SETTLED, "determined": determined})
+    assert commands == [] and noops
+    assert asked == [(MasterUsers, {"port": 8080, "config": "/etc/determined/master.yaml"})]
 
 
 @pytest.mark.parametrize(
@@ -76,14 +57,14 @@ def test_settled_master_is_no_change(determined):
     ],
 )
 def test_other_states_run_the_program_once(state):
-    [command] = run_op(state)[0]
+    [command] = run_users(state)[0]
     text = str(command)
     assert text.startswith("python3 -c ") and text.endswith(" apply 8080 /etc/determined/master.yaml")
 
 
 @pytest.mark.parametrize("admin", ["refused", "inactive"])
 def test_refused_without_det_pass_fails_with_one_line_naming_them(admin):
-    [command] = run_op({"master": "up", "admin": admin, "determined": "unknown"})[0]
+    [command] = run_users({"master": "up", "admin": admin, "determined": "unknown"})[0]
     assert str(command).endswith("exit 1") and "DET_USER/DET_PASS" in str(command)
     assert "\n" not in determined_users.REFUSED
 
@@ -91,7 +72,7 @@ def test_refused_without_det_pass_fails_with_one_line_naming_them(admin):
 def test_refused_with_det_pass_uploads_it_in_a_0600_file_only(monkeypatch):
     monkeypatch.setenv("DET_USER", "ops")
     monkeypatch.setenv("DET_PASS", OPERATOR_PASSWORD)
-    commands, _ = run_op({"master": "up", "admin": "refused", "determined": "unknown"})
+    commands, _, _ = run_users({"master": "up", "admin": "refused", "determined": "unknown"})
     create, upload, run = commands
     assert isinstance(create, StringCommand) and str(create).startswith("install -m 600 /dev/null /tmp/")
     assert isinstance(upload, FileUploadCommand)
@@ -106,7 +87,7 @@ def test_refused_with_det_pass_uploads_it_in_a_0600_file_only(monkeypatch):
 
 def test_det_user_defaults_to_admin(monkeypatch):
     monkeypatch.setenv("DET_PASS", OPERATOR_PASSWORD)
-    upload = run_op({"master": "up", "admin": "refused", "determined": "unknown"})[0][1]
+    upload = run_users({"master": "up", "admin": "refused", "determined": "unknown"})[0][1]
     assert json.loads(upload.src.getvalue())["username"] == "admin"
 
 

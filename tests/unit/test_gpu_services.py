@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
 
@@ -25,7 +24,7 @@ from deploy.pins import PinError, driver_pins, fabricmanager_pins
 from roles import apt_pinsets, gpu_services
 from roles.templates import files_path
 from tests.lab import mirror
-from tests.unit.test_pins import FakeHost
+from tests.unit.optest import on_host, run_op
 
 # What /sys/bus/pci/devices/*/{vendor,class} read on an HGX A100 board (NVSwitch 10de:1af1,
 # class 0x068000), next to its GPUs (0x030200), a ConnectX NIC and an Intel bridge that shares
@@ -259,16 +258,16 @@ def at_pin() -> dict[str, set[str]]:
     ],
 )
 def test_services_start_unless_the_driver_waits_for_a_reboot(reboot, installed, owed, waits):
-    with ctx_host.use(FakeHost({DebPackages: installed, FileContents: owed})):
+    with on_host({DebPackages: installed, FileContents: owed}):
         assert gpu_services.driver_waits_for_reboot(FakeCluster(reboot)) is waits
 
 
 def test_persistence_on_only_when_a_gpu_is_off():
-    fake = FakeHost({GpuPersistence: {0: "Enabled", 1: "Enabled"}})
-    with ctx_host.use(fake):
-        assert list(gpu_services.persistence_on._inner()) == []
-    assert fake.noops
-    with ctx_host.use(FakeHost({GpuPersistence: {0: "Enabled", 1: "Disabled"}})):
-        assert list(gpu_services.persistence_on._inner()) == ["nvidia-smi -pm 1"]
-    with ctx_host.use(FakeHost({GpuPersistence: {}})):  # no driver: the daemon's start sets it
-        assert list(gpu_services.persistence_on._inner()) == []
+    commands, noops = run_op(gpu_services.persistence_on, {GpuPersistence: {0: "Enabled", 1: "Enabled"}})
+    assert commands == []
+    assert noops
+    commands, _ = run_op(gpu_services.persistence_on, {GpuPersistence: {0: "Enabled", 1: "Disabled"}})
+    assert commands == ["nvidia-smi -pm 1"]
+    # no driver: the daemon's start sets it
+    commands, _ = run_op(gpu_services.persistence_on, {GpuPersistence: {}})
+    assert commands == []

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import StringCommand
-from pyinfra.context import ctx_host
 
 from deploy.cluster import ClusterError, load_cluster
 from deploy.facts.keyring import KeptKeyring
@@ -14,6 +13,7 @@ from roles import apt_pins
 from tests.lab import debs
 
 from .labfiles import lab_text
+from .optest import fact, run_op
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
@@ -89,26 +89,24 @@ def test_the_fact_compares_the_installed_file_with_the_kept_deb(tmp_path):
 # --- the operation: no-op only when all three hold; otherwise a verified fetch first ---------
 
 
-class FakeHost:
-    def __init__(self, found):
-        self.found = found
-        self.noops = []
-
-    def get_fact(self, cls, **kwargs):
-        assert cls is KeptKeyring and kwargs["deb"] == apt_pins.KEPT_KEYRING
-        return self.found
-
-    def noop(self, message):
-        self.noops.append(message)
-
-
 def run(found, sha256=PIN):
-    host = FakeHost(found)
-    with ctx_host.use(host):
-        commands = list(
-            apt_pins.keyring._inner("http://m/cuda/repos/debian12/x86_64/k.deb", sha256, "debian12")
-        )
-    return [str(c) for c in commands if isinstance(c, StringCommand)], host.noops
+    # KeptKeyring read for the kept .deb, the keyring file and its package: any other read
+    # (another path, another fact) fails the test.
+    commands, noops = run_op(
+        apt_pins.keyring,
+        {
+            fact(
+                KeptKeyring,
+                deb=apt_pins.KEPT_KEYRING,
+                keyring=apt_pins.CUDA_KEYRING_FILE,
+                package=apt_pins.CUDA_KEYRING_PACKAGE,
+            ): found
+        },
+        "http://m/cuda/repos/debian12/x86_64/k.deb",
+        sha256,
+        "debian12",
+    )
+    return [str(c) for c in commands if isinstance(c, StringCommand)], noops
 
 
 ANY_NOOP = f"{apt_pins.CUDA_KEYRING_FILE} is the one in the pinned {apt_pins.CUDA_KEYRING_DEB}"

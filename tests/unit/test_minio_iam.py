@@ -23,12 +23,12 @@ from minio.deleteobjects import DeleteObject
 from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 from pyinfra.api import FunctionCommand
-from pyinfra.context import ctx_host
 
 from deploy import minio_iam
 from deploy.cluster import ClusterError, load_cluster, storage_keys
 from roles import minio
 from roles import minio_iam as roles_minio_iam
+from tests.unit.optest import run_op
 from tests.unit.test_standin_minio import MinioProcess
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.verify.test_storage import parse_env_file
@@ -546,20 +546,13 @@ def test_backup_user_drift_is_repaired(deployed, server):
     assert minio_iam.read_state(deployed).problems == []  # Determined's untouched
 
 
-class FakeHost:
-    def __init__(self):
-        self.noops: list[str] = []
-
-    def noop(self, message):
-        self.noops.append(message)
-
-
 def test_role_operation_is_a_noop_when_minio_matches(deployed):
-    fake = FakeHost()
-    with ctx_host.use(fake):
-        for user in minio_iam.users(deployed.storage):
-            assert list(roles_minio_iam.scoped_user._inner(deployed, user)) == []
-    assert fake.noops == [
+    noops = []
+    for user in minio_iam.users(deployed.storage):
+        commands, said = run_op(roles_minio_iam.scoped_user, {}, deployed, user)  # reads no fact
+        assert commands == []
+        noops += said
+    assert noops == [
         "user determined has policy determined-checkpoints",
         "user pg-backup has policy pg-backup-postgresql",
     ]
@@ -568,10 +561,8 @@ def test_role_operation_is_a_noop_when_minio_matches(deployed):
 def test_role_operation_repairs_through_the_controller(deployed):
     user = minio_iam.backup(deployed.storage)
     minio_iam.admin_client(deployed).policy_set("readwrite", user=user.name)
-    fake = FakeHost()
-    with ctx_host.use(fake):
-        (command,) = roles_minio_iam.scoped_user._inner(deployed, user)
-    assert isinstance(command, FunctionCommand) and fake.noops == []
+    (command,), noops = run_op(roles_minio_iam.scoped_user, {}, deployed, user)
+    assert isinstance(command, FunctionCommand) and noops == []
     assert minio_iam.read_state(deployed, user).mapping  # nothing done until pyinfra runs it
     logged = []
     assert command.function(None, type("H", (), {"log": lambda self, line, f: logged.append(line)})())

@@ -16,7 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Sha256File
 
@@ -41,25 +40,7 @@ from deploy.pins import (
 from roles import apt_pins, apt_pinsets, cuda, mofed, nvidia_driver
 from roles.shared_ops import fetch_verified
 from tests.lab.standins.nvidia import build as lab_nvidia
-
-
-class FakeHost:
-    """The Host methods the custom operations use, with facts from a table."""
-
-    def __init__(self, facts: dict):
-        self.facts, self.noops = facts, list[str]()
-
-    def get_fact(self, cls, **kwargs):
-        return self.facts[cls]
-
-    def noop(self, message):
-        self.noops.append(message)
-
-
-def run_op(op, facts: dict, *args, **kwargs) -> list:
-    with ctx_host.use(FakeHost(facts)):
-        return list(op._inner(*args, **kwargs))
-
+from tests.unit.optest import commands_of
 
 # --------------------------------------------------------------------------------------------
 # deploy/pins.py
@@ -186,7 +167,7 @@ REPO_URL = "http://mirror/cuda/repos/debian12/x86_64/"
 def test_available_stops_the_host_naming_what_the_repo_lacks():
     pinset = nccl_pins("2.14.3", "11.7.1")
     offered = {"libnccl2": {("2.14.3-1+cuda11.7", REPO_URL.rstrip("/"))}}
-    [command] = run_op(apt_pins.available, {DebPackages: {}, AptRepoVersions: offered}, pinset, REPO_URL)
+    [command] = commands_of(apt_pins.available, {DebPackages: {}, AptRepoVersions: offered}, pinset, REPO_URL)
     proc = subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
@@ -194,18 +175,18 @@ def test_available_stops_the_host_naming_what_the_repo_lacks():
         "add it to the mirror, or change versions in cluster.yaml"
     )
     installed = {p: {v} for p, v in pinset.packages}
-    assert run_op(apt_pins.available, {DebPackages: installed}, pinset, REPO_URL) == []
+    assert commands_of(apt_pins.available, {DebPackages: installed}, pinset, REPO_URL) == []
 
 
 def test_update_and_hold_only_when_needed():
     pins = nccl_pins("2.14.3", "11.7.1").as_dict()
     installed = {p: {v} for p, v in pins.items()}
-    assert run_op(apt_pins.update_if_stale, {DebPackages: installed}, pins, REPO_URL) == []
+    assert commands_of(apt_pins.update_if_stale, {DebPackages: installed}, pins, REPO_URL) == []
     stale: dict = {DebPackages: {}, AptRepoVersions: {}}
-    [update] = run_op(apt_pins.update_if_stale, stale, pins, REPO_URL)
+    [update] = commands_of(apt_pins.update_if_stale, stale, pins, REPO_URL)
     assert "apt-update.sh" in str(update) and " 600 3 10 " in str(update)
-    assert run_op(apt_pins.hold, {HeldPackages: set(pins)}, list(pins)) == []
-    [hold] = run_op(apt_pins.hold, {HeldPackages: {"libnccl2"}}, list(pins))
+    assert commands_of(apt_pins.hold, {HeldPackages: set(pins)}, list(pins)) == []
+    [hold] = commands_of(apt_pins.hold, {HeldPackages: {"libnccl2"}}, list(pins))
     assert "apt-mark-hold.sh" in str(hold) and str(hold).endswith(" 600 libnccl-dev")
 
 
@@ -438,11 +419,11 @@ def test_download_keeps_only_a_verified_file(tmp_path):
 def test_verified_tarball_skips_an_installed_release_or_a_present_tarball():
     release, dest = "MLNX_OFED_LINUX-5.8-3.0.7.0", f"/var/cache/mlnx-ofed/{TARBALL}"
     args = (f"http://mirror/{TARBALL}", "AB" * 32, dest, release)
-    assert run_op(mofed.verified_tarball, {OfedRelease: release}, *args) == []
-    assert run_op(mofed.verified_tarball, {OfedRelease: None, Sha256File: "ab" * 32}, *args) == []
-    [command] = run_op(mofed.verified_tarball, {OfedRelease: None, Sha256File: None}, *args)
+    assert commands_of(mofed.verified_tarball, {OfedRelease: release}, *args) == []
+    assert commands_of(mofed.verified_tarball, {OfedRelease: None, Sha256File: "ab" * 32}, *args) == []
+    [command] = commands_of(mofed.verified_tarball, {OfedRelease: None, Sha256File: None}, *args)
     assert "fetch-verified.sh" in str(command) and dest in str(command)
-    assert run_op(mofed.install, {OfedRelease: release}, dest, release) == []
+    assert commands_of(mofed.install, {OfedRelease: release}, dest, release) == []
 
 
 def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Path, Path, Path]:
@@ -474,7 +455,7 @@ def _fake_ofed(tmp_path: Path, installer_status: int, reports: str) -> tuple[Pat
 def _run_install(tmp_path, status, reports):
     tarball, bin_dir, openibd = _fake_ofed(tmp_path, status, reports)
     work = tmp_path / "work"
-    [command] = run_op(
+    [command] = commands_of(
         mofed.install,
         {OfedRelease: None},
         str(tarball),

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 import yaml
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
-from pyinfra.context import ctx_host
 from pyinfra.facts.postgres import PostgresDatabases
 from pyinfra.operations import postgres
 
@@ -40,6 +39,7 @@ from roles import (
     postgresql,
     shared_ops,
 )
+from tests.unit.optest import Facts, commands_of
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 from tests.verify.test_storage import parse_env_file
 
@@ -297,33 +297,6 @@ def test_password_matches():
 # --- operations, with a host whose facts are given ------------------------------------------
 
 
-class FakeHost:
-    """The few Host methods the custom operations use; facts come from a dict or a callable."""
-
-    def __init__(self, facts):
-        self.facts = facts
-        self.noops = []
-
-    def get_fact(self, cls, **kwargs):
-        value = self.facts(cls, kwargs) if callable(self.facts) else self.facts[cls]
-        return value
-
-    def noop(self, message):
-        self.noops.append(message)
-
-    def get_temp_filename(self, key=None, **kwargs):
-        return f"/tmp/pyinfra-{hashlib.sha1(str(key).encode()).hexdigest()}"
-
-    def get_file(self, path, buffer, **kwargs):  # SFTP, here on this machine
-        buffer.write(Path(path).read_bytes())
-        return True
-
-
-def run_op(op, facts, *args, **kwargs) -> list:
-    with ctx_host.use(FakeHost(facts)):
-        return list(op._inner(*args, **kwargs))
-
-
 def _shown(commands) -> str:
     """What pyinfra prints for these commands (masked), plus the uploads' reprs."""
     return "\n".join(str(c) if isinstance(c, StringCommand) else repr(c) for c in commands)
@@ -333,7 +306,7 @@ def test_secret_file_sets_mode_before_content_and_never_shows_it():
     from deploy.facts.trust import SecretFileState
 
     secret = shared_ops.SecretBytes("KEY=" + NASTY["T_SECRET"])
-    commands = run_op(shared_ops.secret_file, {SecretFileState: None}, "/etc/x.env", secret)
+    commands = commands_of(shared_ops.secret_file, {SecretFileState: None}, "/etc/x.env", secret)
     assert [type(c) for c in commands] == [StringCommand, FileUploadCommand]
     assert str(commands[0]) == "touch /etc/x.env && chown root:root /etc/x.env && chmod 600 /etc/x.env"
     assert NASTY["T_SECRET"] not in _shown(commands) + repr(secret) + str(secret)
@@ -347,7 +320,7 @@ def test_verified_binary_skips_a_matching_file():
     from pyinfra.facts.files import Sha256File
 
     assert (
-        run_op(
+        commands_of(
             shared_ops.verified_binary,
             {Sha256File: ZERO_SHA},
             "http://m/minio",
@@ -357,7 +330,7 @@ def test_verified_binary_skips_a_matching_file():
         )
         == []
     )
-    commands = run_op(
+    commands = commands_of(
         shared_ops.verified_binary,
         {Sha256File: None},
         "http://m/minio",
@@ -374,8 +347,8 @@ def test_verified_deb_skips_the_installed_version():
     from pyinfra.facts.deb import DebPackages
 
     args = ("determined-master", "0.38.0", "http://m/m.deb", ZERO_SHA, "determined-master")
-    assert run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}}, *args) == []
-    commands = run_op(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}}, *args)
+    assert commands_of(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.38.0"]}}, *args) == []
+    commands = commands_of(shared_ops.verified_deb, {DebPackages: {"determined-master": ["0.37.0"]}}, *args)
     fetch, install = (str(c) for c in commands)
     deb = "/var/cache/apt/archives/determined-master_0.38.0.verified.deb"
     assert fetch.endswith(f"fetch-verified.sh http://m/m.deb {deb} determined-master {ZERO_SHA}")
@@ -386,9 +359,9 @@ def test_docker_runtime_configured_only_when_missing():
     from pyinfra.facts.files import FileContents
 
     with_nvidia = ['{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}']
-    assert run_op(docker.nvidia_runtime, {FileContents: with_nvidia}) == []
+    assert commands_of(docker.nvidia_runtime, {FileContents: with_nvidia}) == []
     for without in (['{"runtimes": {"runc": {}}}'], None):
-        commands = run_op(docker.nvidia_runtime, {FileContents: without})
+        commands = commands_of(docker.nvidia_runtime, {FileContents: without})
         assert "nvidia-ctk runtime configure --runtime=docker" in str(commands[0])
 
 
@@ -408,7 +381,7 @@ def test_role_password_never_shown():
 
     from deploy.facts.postgresql import RoleVerifier
 
-    commands = run_op(postgresql.role, {RoleVerifier: None}, "determined", load_secret(NASTY["T_DB"]))
+    commands = commands_of(postgresql.role, {RoleVerifier: None}, "determined", load_secret(NASTY["T_DB"]))
     [upload] = [c for c in commands if isinstance(c, FileUploadCommand)]
     lines = [str(c) for c in commands if not isinstance(c, FileUploadCommand)]
     # The statement travels over SFTP into a 0600 file and reaches psql on stdin: no command
@@ -593,10 +566,10 @@ def test_bucket_unreachable_is_a_problem_not_an_exception(make_cluster):
 
 def test_bucket_operation_is_no_change_when_the_bucket_is_right(minio_server, make_cluster):
     cluster = make_cluster(storage_port=minio_server("us-east-1"))
-    commands = run_op(minio.bucket, {}, cluster)
+    commands = commands_of(minio.bucket, {}, cluster)
     assert len(commands) == 1 and isinstance(commands[0], FunctionCommand)
     s3.ensure_bucket(cluster)
-    assert run_op(minio.bucket, {}, cluster) == []
+    assert commands_of(minio.bucket, {}, cluster) == []
 
 
 # --- PostgreSQL role and database operations, for real (root, local PostgreSQL 15) ----------
@@ -659,7 +632,7 @@ def _as_postgres(text: str) -> list[str]:
 
 
 def _pg_facts(env):
-    def facts(cls, kwargs):
+    def facts(cls, kwargs):  # the fact's own command and parser, run here as pyinfra runs it there
         command = cls().command(**kwargs)
         text = command.get_raw_value() if isinstance(command, StringCommand) else command
         argv = _as_postgres(text) if cls is PostgresDatabases else ["sh", "-c", text]
@@ -710,26 +683,26 @@ def _login(port, user, password, database="postgres") -> bool:
 @pytest.mark.pg
 def test_role_and_database_against_postgresql(pg_cluster):
     env, port = pg_cluster
-    facts = _pg_facts(env)
+    facts = Facts(reader=_pg_facts(env), local_files=True)  # every fact read on this machine
     password = load_secret(NASTY["T_DB"])
     key = str(Path(tempfile.mkdtemp(prefix="pg-key-")) / "gpu-cluster" / "digest.key")
-    _pg_run(env, run_op(postgresql.digest_key, facts, key))
+    _pg_run(env, commands_of(postgresql.digest_key, facts, key))
     assert Path(key).stat().st_mode & 0o777 == 0o600 and len(Path(key).read_bytes()) == 128
-    assert run_op(postgresql.digest_key, facts, key) == []
-    _pg_run(env, run_op(postgresql.role, facts, "determined", password, port, key))
+    assert commands_of(postgresql.digest_key, facts, key) == []
+    _pg_run(env, commands_of(postgresql.role, facts, "determined", password, port, key))
     assert _login(port, "determined", NASTY["T_DB"])
     assert not _login(port, "determined", "wrong")
     # Same password: no change. A new one in cluster.yaml: set, and the old one stops working.
-    assert run_op(postgresql.role, facts, "determined", password, port, key) == []
+    assert commands_of(postgresql.role, facts, "determined", password, port, key) == []
     new = load_secret("N3w-" + NASTY["T_DB"])
-    _pg_run(env, run_op(postgresql.role, facts, "determined", new, port, key))
+    _pg_run(env, commands_of(postgresql.role, facts, "determined", new, port, key))
     assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
 
     # pyinfra's postgres.database, as roles/postgresql.py calls it
     database = {"database": "determined", "owner": "determined", "psql_port": port}
-    _pg_run(env, run_op(postgres.database, facts, **database), as_postgres=True)
+    _pg_run(env, commands_of(postgres.database, facts, **database), as_postgres=True)
     assert _login(port, "determined", new.value, database="determined")
-    assert run_op(postgres.database, facts, **database) == []
+    assert commands_of(postgres.database, facts, **database) == []
 
 
 # --- per-domain agents: retiring, and the plain unit switched off ---------------------------
@@ -742,20 +715,20 @@ def test_no_domain_agents_retires_every_instance():
         "0": Instance(config=True, enabled=True, active="active"),
         "1": Instance(config=True, active="failed"),
     }
-    commands = [str(c) for c in run_op(determined_domains.no_domain_agents, {DomainAgents: present})]
+    commands = [str(c) for c in commands_of(determined_domains.no_domain_agents, {DomainAgents: present})]
     assert commands == [
         "systemctl disable --now determined-agent@0.service",
         "rm -f /etc/determined/agent-0.yaml",
         "systemctl reset-failed determined-agent@1.service",
         "rm -f /etc/determined/agent-1.yaml",
     ]
-    assert run_op(determined_domains.no_domain_agents, {DomainAgents: {}}) == []
+    assert commands_of(determined_domains.no_domain_agents, {DomainAgents: {}}) == []
 
 
 def test_unit_off_also_stops_a_unit_waiting_to_restart():
     from deploy.facts.system import UnitState
 
     unit = "determined-agent.service"
-    waiting = run_op(determined_domains.unit_off, {UnitState: ("activating", "disabled")}, unit)
+    waiting = commands_of(determined_domains.unit_off, {UnitState: ("activating", "disabled")}, unit)
     assert [str(c) for c in waiting] == [f"systemctl disable --now {unit}"]
-    assert run_op(determined_domains.unit_off, {UnitState: ("inactive", "disabled")}, unit) == []
+    assert commands_of(determined_domains.unit_off, {UnitState: ("inactive", "disabled")}, unit) == []

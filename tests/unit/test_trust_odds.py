@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
-from pyinfra.context import ctx_host
 
 from deploy.cluster import ClusterError, load_cluster
 from deploy.facts.trust import OpenPgpKeys, SecretFileState
@@ -26,6 +25,7 @@ from deploy.secrets import credentials_problem
 from roles import apt_proxy, postgresql, shared_ops
 from roles.templates import files_path
 from tests.lab.aptrepo import throwaway_keys
+from tests.unit.optest import Facts, run_op
 from tests.unit.test_cluster import MINIMAL
 
 needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg")
@@ -33,35 +33,8 @@ needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl
 APT_HELPER = "/usr/lib/apt/apt-helper"
 
 
-class FakeHost:
-    """Facts from a dict; get_file serves `files` (path -> bytes) like SFTP would."""
-
-    def __init__(self, facts, files=None):
-        self.facts, self.files, self.asked, self.noops = facts, files or {}, [], []
-
-    def get_fact(self, cls, **kwargs):
-        self.asked.append(cls)
-        return self.facts[cls]
-
-    def get_file(self, path, buffer, **kwargs):
-        if path not in self.files:
-            raise FileNotFoundError(path)
-        buffer.write(self.files[path])
-        return True
-
-    def noop(self, message):
-        self.noops.append(message)
-
-    def get_temp_filename(self, key=None, **kwargs):
-        return "/tmp/pyinfra-temp"
-
-
-def run_op(op, fake: FakeHost, *args, **kwargs) -> list:
-    with ctx_host.use(fake):
-        return list(op._inner(*args, **kwargs))
-
-
-# --- PGDG's keyring: exactly one key, the pinned one, re-checked every run ---------------------
+def commands_of(op, facts: Facts, *args, **kwargs) -> list:
+    return run_op(op, facts, *args, **kwargs)[0]
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +67,9 @@ def test_the_fact_lists_every_primary_key_of_the_file(keys, tmp_path):
     [(["F" * 40], False), (["F" * 40, "E" * 40], True), (["E" * 40], True), ([""], True), (None, True)],
 )
 def test_pgdg_key_is_left_alone_only_when_it_is_exactly_the_pinned_key(found, fetches):
-    fake = FakeHost({OpenPgpKeys: found})
-    commands = run_op(postgresql.pgdg_key, fake, "http://k/key.asc", "F" * 40, "/etc/k.asc")
+    commands = commands_of(
+        postgresql.pgdg_key, Facts({OpenPgpKeys: found}), "http://k/key.asc", "F" * 40, "/etc/k.asc"
+    )
     assert bool(commands) is fetches
     if fetches:
         assert str(commands[0]).endswith(f"pgdg-key.sh http://k/key.asc {'F' * 40} /etc/k.asc")
@@ -185,13 +159,16 @@ def test_pgdg_key_script_replaces_a_keyring_with_an_extra_key_and_refuses_a_two_
 def test_secret_file_unchanged_is_no_change_and_no_hash_fact_is_read():
     secret = shared_ops.SecretBytes("same")
     state = {"user": "root", "group": "root", "mode": "600"}
-    fake = FakeHost({SecretFileState: state}, {"/etc/x": b"same"})
-    assert run_op(shared_ops.secret_file, fake, "/etc/x", secret) == []
-    assert fake.asked == [SecretFileState]  # no Sha1File / Sha256File: nothing to print
-    drift = FakeHost({SecretFileState: {**state, "mode": "644"}}, {"/etc/x": b"same"})
-    assert [str(c) for c in run_op(shared_ops.secret_file, drift, "/etc/x", secret)] == ["chmod 600 /etc/x"]
-    owner = FakeHost({SecretFileState: {**state, "group": "minio"}}, {"/etc/x": b"same"})
-    assert [str(c) for c in run_op(shared_ops.secret_file, owner, "/etc/x", secret)] == [
+    facts = Facts({SecretFileState: state}, {"/etc/x": b"same"})
+    assert commands_of(shared_ops.secret_file, facts, "/etc/x", secret) == []
+    # no Sha1File / Sha256File: nothing to print
+    assert [cls for cls, _ in facts.asked] == [SecretFileState]
+    drift = Facts({SecretFileState: {**state, "mode": "644"}}, {"/etc/x": b"same"})
+    assert [str(c) for c in commands_of(shared_ops.secret_file, drift, "/etc/x", secret)] == [
+        "chmod 600 /etc/x"
+    ]
+    owner = Facts({SecretFileState: {**state, "group": "minio"}}, {"/etc/x": b"same"})
+    assert [str(c) for c in commands_of(shared_ops.secret_file, owner, "/etc/x", secret)] == [
         "chown root:root /etc/x"
     ]
 
@@ -200,7 +177,7 @@ def test_secret_file_unchanged_is_no_change_and_no_hash_fact_is_read():
 def test_secret_file_changed_or_unreadable_is_written_mode_first(files):
     secret = shared_ops.SecretBytes("same")
     state = {"user": "root", "group": "root", "mode": "600"}
-    commands = run_op(shared_ops.secret_file, FakeHost({SecretFileState: state}, files), "/etc/x", secret)
+    commands = commands_of(shared_ops.secret_file, Facts({SecretFileState: state}, files), "/etc/x", secret)
     assert [type(c) for c in commands] == [StringCommand, FileUploadCommand]
     assert str(commands[0]) == "touch /etc/x && chown root:root /etc/x && chmod 600 /etc/x"
     assert commands[1].src.read() == b"same"
