@@ -267,3 +267,54 @@ def test_the_derivation_detector_sees_what_it_must():
     calls = _derivation_calls(ast.parse(sample))
     assert [(n, name) for n, name, _ in calls] == [(1, "site_ref"), (2, "site_ref"), (3, "scrypt")]
     assert [_names_task_image(call) for _, _, call in calls] == [True, False, False]
+
+
+# --- cohesion --------------------------------------------------------------------------------
+
+FUNCTION_LINES = 60  # beyond this a function says why it is one piece ("# Long: ...")
+
+
+def _long_functions_without_a_reason(tree: ast.Module, source: str) -> list[tuple[int, str]]:
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if node.end_lineno is None or node.end_lineno - node.lineno + 1 <= FUNCTION_LINES:
+            continue
+        head = lines[node.lineno - 1 : node.body[0].end_lineno + 4]  # signature, docstring, a comment
+        if not any(line.strip().startswith("# Long: ") for line in head):
+            found.append((node.lineno, node.name))
+    return found
+
+
+def test_long_functions_say_why():
+    """A function over FUNCTION_LINES lines is split into its steps, or says in a `# Long: `
+    comment (after its docstring) why it reads better as one (a plan in run order, a format
+    read in one pass)."""
+    offenders = [
+        f"{_rel(path)}:{line}: {name}"
+        for path in _python_files("deploy", "roles", "tests/verify")
+        for line, name in _long_functions_without_a_reason(ast.parse(path.read_text()), path.read_text())
+    ]
+    assert not offenders, f"functions over {FUNCTION_LINES} lines without a '# Long:' reason: {offenders}"
+
+
+def test_the_long_function_detector_sees_what_it_must():
+    body = "".join(f"    x{i} = {i}\n" for i in range(FUNCTION_LINES))
+    bare = f"def f():\n{body}"
+    reasoned = f'def g():\n    """Doc."""\n    # Long: one table read in one pass\n{body}'
+    short = "def h():\n    return 1\n"
+    source = bare + reasoned + short
+    assert _long_functions_without_a_reason(ast.parse(source), source) == [(1, "f")]
+
+
+def test_no_role_imports_another_roles_private_names():
+    offenders = []
+    for path in _python_files("roles"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("roles"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private:
+                    offenders.append(f"{_rel(path)}:{node.lineno}: from {node.module} import {private}")
+    assert not offenders, offenders
