@@ -1,6 +1,6 @@
 """Determined's TLS files on the nodes and the master's health check on its own node: named
-once here for the roles that write them and wait (roles/determined_tls.py,
-roles/determined_master.py) and for tests/verify, which checks them. No role module: verify
+once here for the roles that write them and wait (roles/determined/tls.py,
+roles/determined/master.py) and for tests/verify, which checks them. No role module: verify
 imports none (tests/unit/test_shape.py).
 
 /etc/determined/certs/ (0755 root), only with determined.tls: master.crt and master.key on the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from deploy.cluster import Cluster
 
-# Under roles/determined_common.py's CONFIG_DIR, /etc/determined.
+# Under roles/determined/common.py's CONFIG_DIR, /etc/determined.
 CERTS_DIR = "/etc/determined/certs"
 MASTER_CRT = f"{CERTS_DIR}/master.crt"
 MASTER_KEY = f"{CERTS_DIR}/master.key"

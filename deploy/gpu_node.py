@@ -1,5 +1,5 @@
-"""Names the GPU stack's roles leave on a node: the GPU services (roles/gpu_services.py) and the
-held kernel packages (roles/kernel.py), named once here for those roles and for
+"""Names the GPU stack's roles leave on a node: the GPU services (roles/nvidia/gpu_services.py) and the
+held kernel packages (roles/shared/kernel.py), named once here for those roles and for
 tests/verify/test_gpu_stack.py, which checks them. No role module: verify imports none
 (tests/unit/test_shape.py).
 """

@@ -1,5 +1,5 @@
 """Where the deploy puts MinIO's certificates and the storage CA on the nodes (storage.tls):
-named once here for roles/minio_tls.py, which writes them, roles/determined_master.py, which
+named once here for roles/minio/tls.py, which writes them, roles/determined/master.py, which
 hands the bundle to trials, and tests/verify, which checks them. No role module: verify
 imports none (tests/unit/test_shape.py).
 """

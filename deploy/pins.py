@@ -52,7 +52,7 @@ DRIVER_SUBPACKAGES = (
     "nvidia-kernel-common-{branch}",
     "nvidia-kernel-source-{branch}",
     "libnvidia-compute-{branch}",
-    # nvidia-persistenced and its unit (roles/gpu_services.py turns persistence mode on).
+    # nvidia-persistenced and its unit (roles/nvidia/gpu_services.py turns persistence mode on).
     "nvidia-compute-utils-{branch}",
     "nvidia-utils-{branch}",
     "libnvidia-gl-{branch}",

@@ -1,6 +1,6 @@
 """PostgreSQL on the master node as Determined needs it, and how the role's password is
-compared without it leaving the controller: named once here for roles/postgresql.py and
-roles/postgresql_role.py, which install and set it, and tests/verify, which checks it. No role
+compared without it leaving the controller: named once here for roles/postgresql/server.py and
+roles/postgresql/db_role.py, which install and set it, and tests/verify, which checks it. No role
 module: verify imports none (tests/unit/test_shape.py).
 
 The comparison: the node reports only the current verifier's salt and an HMAC of the verifier
@@ -19,7 +19,7 @@ import hmac
 MIN_MAJOR = 13
 MIN_CONNECTIONS = 96
 SCRAM_ITERATIONS = 4096  # PostgreSQL's default scram_iterations
-# The node's key for the keyed digest of the role's verifier (roles/postgresql_role.py
+# The node's key for the keyed digest of the role's verifier (roles/postgresql/db_role.py
 # digest_key writes it, RoleVerifier reads it).
 DIGEST_KEY = "/var/lib/gpu-cluster/digest.key"
 

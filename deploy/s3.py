@@ -1,6 +1,6 @@
 """The checkpoint bucket, seen from the controller with minio-py.
 
-The deploy (roles/minio.py) and the checks (tests/verify/test_storage.py) both talk to MinIO
+The deploy (roles/minio/server.py) and the checks (tests/verify/test_storage.py) both talk to MinIO
 from the controller, at the storage node's management address, signing every request for
 `storage.region`: a request signed for another region than MinIO's site region is refused,
 which is the "MinIO region" pitfall: clients sign for us-east-1 by default, and a mismatch

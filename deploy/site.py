@@ -14,27 +14,19 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from deploy.cluster import Cluster, Node
-from roles import (
-    apt_proxy,
-    cuda,
-    determined_agent,
-    determined_master,
-    determined_users,
-    docker,
-    firewall,
-    gpu_services,
-    hosts,
-    ipoib,
-    minio,
-    minio_tls,
-    mofed,
-    nccl,
-    nvidia_driver,
-    pg_backup,
-    postgresql,
-    preflight,
-    task_images,
-)
+from roles.apt import proxy as apt_proxy
+from roles.determined import agent as determined_agent
+from roles.determined import docker, task_images
+from roles.determined import master as determined_master
+from roles.determined import users as determined_users
+from roles.fabric import ipoib, mofed
+from roles.minio import server as minio
+from roles.minio import tls as minio_tls
+from roles.node import firewall, hosts, preflight
+from roles.nvidia import cuda, gpu_services, nccl
+from roles.nvidia import driver as nvidia_driver
+from roles.postgresql import backup as pg_backup
+from roles.postgresql import server as postgresql
 
 
 @operation(is_idempotent=True)

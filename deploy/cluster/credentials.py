@@ -1,7 +1,7 @@
 """The logins of the site mirror and the apt proxy: optional secrets of `sources` (model.py).
 
 Each is `user:password` in a secret file or variable, never in a URL (checks.url refuses
-userinfo): roles/apt_proxy.py writes them into root-only files that apt and curl read.
+userinfo): roles/apt/proxy.py writes them into root-only files that apt and curl read.
 """
 
 from deploy.cluster.keys import SecretKey

@@ -255,7 +255,7 @@ def registry_ca_file(r: Reader, path: str, v: Any) -> str | None:
 
 @dataclass(frozen=True)
 class TaskRefs:
-    """determined.task_image as the agents pull it (roles/task_images.py) and master.yaml names
+    """determined.task_image as the agents pull it (roles/determined/task_images.py) and master.yaml names
     it: each through site_ref, once, in the model (Cluster.task_refs)."""
 
     gpu: str

@@ -10,7 +10,7 @@ The files are read on the machine that runs pyinfra, named like secrets (`{file:
 the file rules of storage.tls (deploy/cluster/storage_tls.py: only CERTIFICATE blocks, re-encoded;
 the key 0600, outside the repository, never shown). The roles write them to the master
 (/etc/determined/certs/master.crt and master.key, master.yaml's security.tls) and the CA to
-every agent (master-ca.crt, agent.yaml's security.tls): roles/determined_tls.py.
+every agent (master-ca.crt, agent.yaml's security.tls): roles/determined/tls.py.
 
 What Determined 0.38.0 refuses at start-up is refused here, before any host is touched:
 - master/internal/config/config.go TLSConfig.Validate: "TLS cert file provided without a key

@@ -444,7 +444,7 @@ class Determined:
             "/dev/shm of each trial container (task_container_defaults.shm_size_bytes)",
         ),
     ]
-    # Docker's daemon.json default-ulimits (roles/docker.py): RDMA locks its buffers.
+    # Docker's daemon.json default-ulimits (roles/determined/docker.py): RDMA locks its buffers.
     memlock_bytes: Annotated[
         int, Key(images.memlock, -1, "`ulimit -l` of every container on the agents, bytes; -1: unlimited")
     ]
@@ -509,7 +509,7 @@ class Node:
 
     @property
     def ipoib_name(self) -> str:
-        """The node's name on the IPoIB network, in every node's /etc/hosts (roles/hosts.py)."""
+        """The node's name on the IPoIB network, in every node's /etc/hosts (roles/node/hosts.py)."""
         return f"{self.hostname}-{self.ipoib_interface}"
 
     def to_json(self) -> dict:

@@ -237,7 +237,7 @@ def _storage(r: Reader, m: Map, values: dict[str, Any]) -> Storage:
     if root is not None and root.resolved and values["determined_user"] == root.value:
         # The value is the root user's name, a secret: not shown.
         r.add("storage.determined_user", "(not shown)", "must not be storage.access_key (MinIO's root user)")
-    # pg-backup's own user (deploy/minio_iam.py): a name shared with the root or Determined's
+    # pg-backup's own user (deploy/minio_admin.py): a name shared with the root or Determined's
     # user would give trials the backups, or the backups every right.
     backup_user = values["backup_user"]
     if root is not None and root.resolved and backup_user == root.value:
@@ -292,7 +292,7 @@ def _endpoint(r: Reader, m: Map, storage: Storage, nodes: tuple[Node, ...] | Non
     node = next((n for n in nodes or () if n.hostname == host), None)
     if node is not None:
         # The names and addresses of the storage node; ipoib_name is its IPoIB name in every
-        # node's /etc/hosts (roles/hosts.py).
+        # node's /etc/hosts (roles/node/hosts.py).
         names = [host, str(node.address), str(node.ipoib_address)]
         if node.ipoib_interface is not None:
             names.insert(1, node.ipoib_name)

@@ -1,7 +1,7 @@
 """Some storage.* keys of deploy/cluster/model.py, declared here to keep model.py short.
 
 `console`: where MinIO's web console listens. `determined_user`: the bucket-only MinIO user
-Determined signs with (deploy/minio_iam.py); its name follows MinIO's access key rules
+Determined signs with (deploy/minio_admin.py); its name follows MinIO's access key rules
 (minio/minio internal/auth/credentials.go: 3 to 20 characters, none of the reserved `=,`).
 `endpoint_url`: computed https when storage.tls is set (deploy/cluster/storage_tls.py).
 `determined_secret_key`, `backup_secret_key`: optional secrets of those users; unset, each is
@@ -42,7 +42,7 @@ ENDPOINT_URL = Key(
     "where S3 clients reach MinIO",
 )
 
-# pg-backup's own user (deploy/minio_iam.py, roles/pg_backup.py): same name rules.
+# pg-backup's own user (deploy/minio_admin.py, roles/postgresql/backup.py): same name rules.
 BACKUP_USER = Key(
     DETERMINED_USER.check,
     "pg-backup",
@@ -115,7 +115,7 @@ def _user_secret(given: Secret | None, root: Secret | None, user: str | None) ->
 
 
 def user_secrets(storage: Any) -> dict[str, Secret | None]:
-    """The secret keys of the deploy's MinIO users (deploy/minio_iam.py), by the model's field
+    """The secret keys of the deploy's MinIO users (deploy/minio_admin.py), by the model's field
     names: the one cluster.yaml gives (storage.determined_secret_key / backup_secret_key), else
     derived from MinIO's root password."""
     return {

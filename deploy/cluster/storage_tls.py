@@ -9,7 +9,7 @@
 The files are read on the machine that runs pyinfra, named like secrets (`{file: PATH}`); only
 the private key is one (0600, outside the repository, never shown). MinIO serves TLS when its
 certs directory holds `public.crt` and `private.key` (minio/minio cmd/common-main.go
-getTLSConfig, cmd/config-dir.go): the deploy writes them there (roles/minio_tls.py).
+getTLSConfig, cmd/config-dir.go): the deploy writes them there (roles/minio/tls.py).
 
 The certificate files are copied to every node, readable by all and mounted into trials: they
 may hold only CERTIFICATE blocks (a private key pasted into one is refused), and what is copied
@@ -401,7 +401,7 @@ def trial_endpoint(storage: Any, node: Any) -> str:
 
     Determined hands master.yaml's checkpoint_storage to every trial (it is the experiments'
     default) and its S3 config has no second, container-side endpoint. A single-agent trial
-    runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/hosts.py),
+    runs on Docker's bridge network, which does not see the node's /etc/hosts (roles/node/hosts.py),
     so a node's hostname does not resolve there. With https the certificate names that address
     too: check_tls refuses one that does not. No trailing slash: Determined joins endpoint and
     key itself, and a slash gives "//key" requests.

@@ -1,4 +1,4 @@
-"""The per-domain Determined agents on a node (roles/determined_domains.py)."""
+"""The per-domain Determined agents on a node (roles/determined/domains.py)."""
 
 from __future__ import annotations
 

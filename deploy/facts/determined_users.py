@@ -1,4 +1,4 @@
-"""The Determined master's built-in users as the master itself reports them (roles/determined_users.py)."""
+"""The Determined master's built-in users as the master itself reports them (roles/determined/users.py)."""
 
 from __future__ import annotations
 

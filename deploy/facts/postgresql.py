@@ -32,7 +32,7 @@ class RoleVerifier(FactBase):
 
     Only the salt and a keyed digest leave the node: the verifier stays in pg_authid, and a
     plain hash of it would let whoever reads `-vvv` output test password guesses offline. The
-    key is the node's `key` file (roles/postgresql_role.py: K xor ipad, then K xor opad, 64 bytes
+    key is the node's `key` file (roles/postgresql/db_role.py: K xor ipad, then K xor opad, 64 bytes
     each, so that core SQL's sha256() makes HMAC without pgcrypto); it reaches psql through a
     pipe (printf is a shell builtin: no command line holds it). `digest` is "" without that
     file; `salt` is "" when the role has no SCRAM password (none, or an old md5 hash).

@@ -206,7 +206,7 @@ FREE_COMMAND_FACTS = frozenset(
 )
 FREE_COMMAND_PARAMETERS = frozenset({"command", "cmd", "commands", "script", "shell", "code"})
 # Extra command-line text a fact passes through (FindFiles' `args`): such an entry is refused
-# when it sets one, and allowed without (roles/ipoib.py reads FindFiles with a path only).
+# when it sets one, and allowed without (roles/fabric/ipoib.py reads FindFiles with a path only).
 FREE_TEXT_ARGUMENTS = frozenset({"args", "extra_args"})
 _SAFE_TEXT = re.compile(r"[A-Za-z0-9._/@:+=,*^-]*", re.ASCII)
 _PRINTABLE = re.compile(r"[ -~]*", re.ASCII)

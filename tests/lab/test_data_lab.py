@@ -11,7 +11,7 @@
 import json
 import time
 
-from roles.pg_backup import PREFIX
+from roles.postgresql.backup import PREFIX
 
 ASIDE = "/run/dtlab-data-aside"
 MARKER = "dtlab_restore_marker"

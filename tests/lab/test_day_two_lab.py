@@ -355,7 +355,7 @@ def test_rebuild_a_blank_gpu_node(deployed, deploy, lab):
     interface = node.ipoib_interface
     assert run_on(lab, node.hostname, f"ip link show {interface}", check=False).returncode != 0
     # The site's own repository that no longer answers (port 9: refused): not one the deploy
-    # installs from, so a warning, not a failed host (files/shared_ops/apt-update.sh).
+    # installs from, so a warning, not a failed host (files/shared/apt-update.sh).
     stale = "/etc/apt/sources.list.d/site-stale.list"
     run_on(lab, node.hostname, f"echo 'deb [trusted=yes] http://127.0.0.1:9/ stale main' > {stale}")
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from deploy.pins import driver_pins, ofed_release
-from roles import kernel, mofed
-from roles.apt_pins import sources_list, sources_list_path
+from roles.apt.cuda_repo import sources_list, sources_list_path
+from roles.fabric import mofed
+from roles.shared import kernel
 
 from .paths import LOGS
 

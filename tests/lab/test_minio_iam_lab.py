@@ -1,4 +1,4 @@
-"""The deploy's MinIO users on the lab (deploy/minio_iam.py, roles/minio_iam.py): Determined's
+"""The deploy's MinIO users on the lab (deploy/minio_admin.py, roles/minio/iam.py): Determined's
 bucket-only user and pg-backup's backups-only user.
 
 - the deploy made both users, their policies and the mappings (read back through the admin
@@ -26,12 +26,12 @@ from minio.credentials import StaticProvider
 from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 
-from deploy import minio_iam, s3
-from roles import pg_backup
+from deploy import minio_admin, s3
+from roles.postgresql import backup as pg_backup
 
 pytestmark = pytest.mark.lab
 
-# roles/minio.py's operation: "MinIO object storage | MinIO user <name>: ..." in pyinfra's results.
+# roles/minio/server.py's operation: "MinIO object storage | MinIO user <name>: ..." in pyinfra's results.
 IAM_OPERATION = "| MinIO user "
 
 
@@ -47,9 +47,9 @@ def trial_keys(cluster, lab_ssh) -> tuple[str, str]:
 
 
 def test_deploy_made_users_policies_and_mappings(deployed, lab):
-    for user in minio_iam.users(lab.storage):
-        assert minio_iam.read_state(lab, user).problems == []
-        info = json.loads(minio_iam.admin_client(lab).user_info(user.name))
+    for user in minio_admin.users(lab.storage):
+        assert minio_admin.read_state(lab, user).problems == []
+        info = json.loads(minio_admin.admin_client(lab).user_info(user.name))
         assert info["status"] == "enabled"
         assert info["policyName"] == user.policy
 
@@ -214,12 +214,12 @@ def test_trial_keys_work_in_the_bucket_only(deployed, lab, lab_ssh):
     ):
         with pytest.raises(MinioAdminException) as e:
             call()
-        assert minio_iam.error_code(e.value) == "AccessDenied"
+        assert minio_admin.error_code(e.value) == "AccessDenied"
 
 
 def test_changed_policy_and_secret_are_repaired(deployed, lab, deploy, lab_ssh):
-    root = minio_iam.admin_client(lab)
-    name, user = minio_iam.determined(lab.storage).policy, lab.storage.determined_user
+    root = minio_admin.admin_client(lab)
+    name, user = minio_admin.determined(lab.storage).policy, lab.storage.determined_user
     root.policy_add(
         name,
         policy={
@@ -228,12 +228,12 @@ def test_changed_policy_and_secret_are_repaired(deployed, lab, deploy, lab_ssh):
         },
     )
     root.user_add(user, f"changed-{uuid.uuid4().hex}")
-    problems = minio_iam.read_state(lab).problems
+    problems = minio_admin.read_state(lab).problems
     assert len(problems) == 2, problems
     run = deploy(limit=lab.storage_node.hostname)
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(iam_changes(run)) == 1, run.changed_operations()
-    assert minio_iam.read_state(lab).problems == []
+    assert minio_admin.read_state(lab).problems == []
     key, secret = trial_keys(lab, lab_ssh)
     s3.bucket_location(s3.client(lab, key, secret), lab.storage.bucket, lab.storage.region)
     # Repaired means converged: the next deploy has nothing to do again.

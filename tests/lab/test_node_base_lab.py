@@ -2,7 +2,7 @@
 
 import time
 
-from deploy.firewall import foreign_rules
+from deploy.iptables import foreign_rules
 
 from .conftest import run_verify
 from .paths import LOGS

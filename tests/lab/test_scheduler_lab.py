@@ -50,7 +50,7 @@ def secrets_of(cluster) -> list[str]:
     return [
         cluster.storage.access_key.value,
         cluster.storage.secret_key.value,
-        cluster.storage.determined_secret.value,  # Determined's MinIO user (deploy/minio_iam.py)
+        cluster.storage.determined_secret.value,  # Determined's MinIO user (deploy/minio_admin.py)
         cluster.storage.backup_secret.value,  # pg-backup's MinIO user
         cluster.database.password.value,
         cluster.determined.admin_password.value,

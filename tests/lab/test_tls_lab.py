@@ -22,7 +22,7 @@ import yaml
 
 from deploy import s3
 from deploy.cluster import load_cluster
-from roles import minio_tls
+from roles.minio import tls as minio_tls
 from tests.unit.tls_material import make_ca, make_server, write
 
 from .conftest import run_verify

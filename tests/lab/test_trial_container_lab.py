@@ -15,7 +15,7 @@ green again.
 import shlex
 
 from deploy.cluster.images import site_ref
-from roles.determined_master import MASTER_YAML
+from roles.determined.master import MASTER_YAML
 
 from .conftest import LAB_CLUSTER, failing_cells, run_verify
 from .hardware import pci_devices

@@ -36,9 +36,9 @@ import yaml
 
 from deploy.pins import CUDA_KEYRING_DEB, CUDA_KEYRING_FILE
 from deploy.secrets import Secret
-from roles.apt_pins import KEPT_KEYRING
-from roles.determined_master import MASTER_YAML, S3_ENV
-from roles.minio import ENV_FILE as MINIO_ENV
+from roles.apt.cuda_repo import KEPT_KEYRING
+from roles.determined.master import MASTER_YAML, S3_ENV
+from roles.minio.server import ENV_FILE as MINIO_ENV
 
 from . import debs
 from .aptrepo import throwaway_keys
@@ -360,8 +360,8 @@ def login_mirror(lab, tmp_path):
 
 
 def test_apt_and_downloads_log_in_to_the_mirror_from_root_only_files(lab, lab_ssh, deploy, login_mirror):
-    from roles.apt_proxy import AUTH_CONF
-    from roles.shared_ops import DOWNLOAD_NETRC
+    from roles.apt.proxy import AUTH_CONF
+    from roles.shared.ops import DOWNLOAD_NETRC
 
     cluster, login, log = login_mirror
     user, password = login.split(":", 1)

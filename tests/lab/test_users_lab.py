@@ -1,4 +1,4 @@
-"""Determined's built-in users on the lab (roles/determined_users.py).
+"""Determined's built-in users on the lab (roles/determined/users.py).
 
 After the deploy a blank admin login is refused, `determined` is inactive and refuses the
 admin password, and the configured one logs in. determined.admin_password changed in a copy
@@ -14,7 +14,7 @@ import urllib.request
 
 import yaml
 
-from roles.determined_users import REFUSED
+from roles.determined.users import REFUSED
 
 from .conftest import run_verify
 

@@ -199,9 +199,10 @@ FILES = Path(__file__).parents[2] / "files"
 
 
 def kept_script(text: str) -> Any:
-    """`sh -c '<files/ROLE/NAME.sh>' NAME.sh ARGS` (roles/scripts.py) as ["script", "ROLE/NAME.sh",
-    ARGS...] when the program is exactly that kept file: a case names the program it runs and
-    its arguments, not three thousand characters of shell; any other command as it is."""
+    """`sh -c '<files/PACKAGE/NAME.sh>' NAME.sh ARGS` (roles/shared/scripts.py) as
+    ["script", "PACKAGE/NAME.sh", ARGS...] when the program is exactly that kept file: a case
+    names the program it runs and its arguments, not three thousand characters of shell; any
+    other command as it is."""
     if not text.startswith("sh -c "):
         return text
     try:

@@ -1,4 +1,4 @@
-"""files/shared_ops/apt-update.sh against a real apt-get and a repository behind an HTTP server
+"""files/shared/apt-update.sh against a real apt-get and a repository behind an HTTP server
 that fails its first requests, the way a loaded caching proxy does (503)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from roles.apt_lists import DEPLOY_SOURCES, update_command
-from roles.scripts import script
+from roles.shared.apt_lists import DEPLOY_SOURCES, update_command
+from roles.shared.scripts import script
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("apt-get", "apt-cache")), reason="needs apt"
@@ -95,7 +95,7 @@ def test_plain_apt_get_update_hides_a_failed_fetch(node):
 def test_a_failed_fetch_is_tried_again(node):
     start, run, offered = node
     start(failures=1)
-    proc = run(script("shared_ops/apt-update.sh", 600, 3, 0).get_raw_value())
+    proc = run(script("shared/apt-update.sh", 600, 3, 0).get_raw_value())
     assert proc.returncode == 0, proc.stderr
     assert "(attempt 1 of 3)" in proc.stderr
     assert "515.65.01-0ubuntu1" in offered()
@@ -104,7 +104,7 @@ def test_a_failed_fetch_is_tried_again(node):
 def test_a_fetch_that_keeps_failing_fails_the_host(node):
     start, run, offered = node
     start(failures=1000)
-    proc = run(script("shared_ops/apt-update.sh", 600, 2, 0).get_raw_value())
+    proc = run(script("shared/apt-update.sh", 600, 2, 0).get_raw_value())
     assert proc.returncode == 1
     assert "503" in proc.stdout + proc.stderr
     assert proc.stderr.strip().endswith("apt-get update failed 2 times (apt's messages above)")
@@ -131,7 +131,7 @@ def test_a_failing_repository_of_the_deploy_still_fails_the_host(node):
     assert "cuda-*-x86_64.list" in DEPLOY_SOURCES
     start(failures=0)
     start(failures=1000, where="etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list")
-    proc = run(script("shared_ops/apt-update.sh", 600, 2, 0, *DEPLOY_SOURCES).get_raw_value())
+    proc = run(script("shared/apt-update.sh", 600, 2, 0, *DEPLOY_SOURCES).get_raw_value())
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().endswith("apt-get update failed 2 times (apt's messages above)")
 
@@ -140,8 +140,8 @@ def test_a_failing_repository_of_the_deploy_still_fails_the_host(node):
 def test_the_deploys_own_lists_are_named_in_deploy_sources(os_id, os_version):
     from fnmatch import fnmatch
 
-    from roles.apt_pinsets import sources_list_path
-    from roles.postgresql import PGDG_LIST
+    from roles.apt.pinsets import sources_list_path
+    from roles.postgresql.server import PGDG_LIST
 
     for path in (sources_list_path(os_id, os_version), PGDG_LIST):
         assert path.startswith("/etc/apt/sources.list.d/")

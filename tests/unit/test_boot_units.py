@@ -1,5 +1,5 @@
-"""After the driver's reboot, files/nvidia_driver/boot-units.sh starts once more a unit that
-failed during the boot, and fails the host when it fails again (roles/nvidia_driver.py).
+"""After the driver's reboot, files/nvidia/boot-units.sh starts once more a unit that
+failed during the boot, and fails the host when it fails again (roles/nvidia/driver.py).
 
 The 32-node bench (2026-12-01, disk) met it: openibd exited 219/CGROUP at boot on 3 of 32
 agents, the deploy reported them green and verify found /dev/infiniband missing. The next
@@ -12,8 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from roles.nvidia_driver import BOOT_UNITS, BOOT_WAIT_SECONDS
-from roles.scripts import script
+from roles.nvidia.driver import BOOT_UNITS, BOOT_WAIT_SECONDS
+from roles.shared.scripts import script
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # is-failed: 0 only for a failed unit; start: the unit's .restart file says how it goes;
@@ -45,7 +45,7 @@ def run_boot_units(tmp_path: Path, units: dict[str, tuple[str, str]]) -> subproc
     for name, (boot, restart) in units.items():
         (states / name).write_text(boot + "\n")
         (states / f"{name}.restart").write_text(restart + "\n")
-    command = script("nvidia_driver/boot-units.sh", 5, *BOOT_UNITS)
+    command = script("nvidia/boot-units.sh", 5, *BOOT_UNITS)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     return subprocess.run(
         ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, env=env, check=False
@@ -82,5 +82,5 @@ def test_active_and_absent_units_are_left_alone(tmp_path):
 
 
 def test_the_fabric_manager_is_not_restarted_at_the_old_version():
-    # After a driver change it refuses the new driver until roles/gpu_services.py moves it.
+    # After a driver change it refuses the new driver until roles/nvidia/gpu_services.py moves it.
     assert "nvidia-fabricmanager.service" not in BOOT_UNITS

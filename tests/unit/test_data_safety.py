@@ -1,5 +1,5 @@
 """Data safety without a lab: MinIO's data-mount drop-in, preflight's data_dir rule, and the
-database backup program (files/pg_backup/pg-backup) against the lab's MinIO stand-in."""
+database backup program (files/postgresql/pg-backup) against the lab's MinIO stand-in."""
 
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 
 from deploy.cluster import load_cluster
-from roles import minio, pg_backup, preflight
-from roles.shared_ops import env_file
+from roles.minio import server as minio
+from roles.node import preflight
+from roles.postgresql import backup as pg_backup
+from roles.shared.ops import env_file
 from tests.unit.labfiles import lab_text
 from tests.unit.test_standin_minio import PASSWORD, REGION, USER, MinioProcess
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "files" / "pg_backup" / "pg-backup"
+PROGRAM = REPO / "files" / "postgresql" / "pg-backup"
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
 
 
@@ -77,7 +79,7 @@ def test_backup_conf_holds_no_secret(lab_cluster):
 
 
 def test_backup_keys_are_pg_backups_own(lab_cluster):
-    """/etc/pg-backup/s3.env: storage.backup_user's keys (deploy/minio_iam.py), not the
+    """/etc/pg-backup/s3.env: storage.backup_user's keys (deploy/minio_admin.py), not the
     master's (Determined's, which every trial holds), and what the program reads."""
     storage = lab_cluster.storage
     text = pg_backup.s3_env(lab_cluster)

@@ -1,4 +1,4 @@
-"""Determined's built-in users (roles/determined_users.py, files/determined/master-users.py).
+"""Determined's built-in users (roles/determined/users.py, files/determined/master-users.py).
 
 Without PostgreSQL: what the operation yields for each state the MasterUsers fact reports,
 and that DET_PASS reaches no command line. With a local PostgreSQL (`pg` marker): the node
@@ -17,7 +17,7 @@ import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 
 from deploy.facts.determined_users import PROGRAM, MasterUsers
-from roles import determined_users
+from roles.determined import users as determined_users
 from tests.unit.optest import Facts, run_op
 from tests.unit.test_standin_determined import MasterProcess, _psql, base_config, postgres  # noqa: F401
 
@@ -126,7 +126,7 @@ def status(port: int, config: Path) -> dict:
 
 
 def master_yaml(path: Path, password: str) -> Path:
-    """The lines of roles/determined_master.py's master.yaml the program reads."""
+    """The lines of roles/determined/master.py's master.yaml the program reads."""
     path.write_text(f"port: 8080\nsecurity:\n  initial_user_password: {json.dumps(password)}\n")
     path.chmod(0o600)
     return path

@@ -1,6 +1,6 @@
 """Waiting for dpkg's lock where apt-get's DPkg::Lock::Timeout does not reach: `apt-mark hold`
-(files/shared_ops/apt-mark-hold.sh) and mlnxofedinstall (files/mofed/install.sh); and the
-driver's reboot remembered before its install (roles/apt_pins.py pinned's before_install).
+(files/shared/apt-mark-hold.sh) and mlnxofedinstall (files/fabric/install.sh); and the
+driver's reboot remembered before its install (roles/apt/cuda_repo.py pinned's before_install).
 
 A freshly booted Debian or Ubuntu node runs apt-daily.service or unattended-upgrades, which
 hold dpkg's lock for minutes; the 32-node bench met it: `apt-mark hold` failed with "dpkg
@@ -20,9 +20,10 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 
 from deploy.pins import container_toolkit_pins, driver_pins
-from roles import apt_pins, mofed
-from roles.scripts import script
-from roles.shared_ops import DPKG_LOCK_TIMEOUT
+from roles.apt import cuda_repo as apt_pins
+from roles.fabric import mofed
+from roles.shared.ops import DPKG_LOCK_TIMEOUT
+from roles.shared.scripts import script
 
 LOCKED = (
     "dpkg: error: dpkg frontend lock was locked by another process with pid 4183\n"
@@ -47,7 +48,7 @@ def fake_apt_mark(tmp_path: Path, failures: int, message: str) -> dict:
 
 
 def hold(env: dict, timeout: int, *packages: str) -> subprocess.CompletedProcess:
-    command = script("shared_ops/apt-mark-hold.sh", timeout, *packages)
+    command = script("shared/apt-mark-hold.sh", timeout, *packages)
     return subprocess.run(
         ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, env=env, check=False
     )
@@ -95,7 +96,7 @@ def install(tmp_path: Path, lock_timeout: int, dpkg: Path | None = None) -> subp
     """Run install.sh in a PID namespace of its own (with `dpkg` running beside it): the
     script looks at every process it can see, and this machine's may be installing."""
     command = script(
-        "mofed/install.sh", ofed_tarball(tmp_path), tmp_path / "work", "top", "R", "x", lock_timeout
+        "fabric/install.sh", ofed_tarball(tmp_path), tmp_path / "work", "top", "R", "x", lock_timeout
     )
     line = (f"{dpkg} 30 & " if dpkg else "") + command.get_raw_value()
     return subprocess.run(

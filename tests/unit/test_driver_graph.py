@@ -28,7 +28,7 @@ from deploy.pins import (
     container_toolkit_pins,
     driver_pins,
 )
-from roles.apt_pinsets import render_preferences
+from roles.apt.pinsets import render_preferences
 from tests.lab import aptrepo, debs
 from tests.lab.standins.nvidia import build as nvidia
 

@@ -1,4 +1,4 @@
-"""files/shared_ops/fetch-verified.sh without curl and with a mirror login (download.netrc):
+"""files/shared/fetch-verified.sh without curl and with a mirror login (download.netrc):
 refused only for the host the login is for, the usual fallbacks for every other host.
 
 The script runs with a PATH that has every tool it uses but curl (and wget), so its last
@@ -18,8 +18,8 @@ import threading
 
 import pytest
 
-from roles import shared_ops
-from roles.templates import files_path
+from roles.shared import ops as shared_ops
+from roles.shared.templates import files_path
 
 TOOLS = ("sh", "mkdir", "dirname", "rm", "awk", "tr", "sha256sum", "cut", "mv", "chown", "chmod", "python3")
 
@@ -57,7 +57,7 @@ def fetch(tmp_path, path_dir, url, netrc_text):
         netrc.unlink(missing_ok=True)
     else:
         netrc.write_text(netrc_text)
-    script = files_path("shared_ops/fetch-verified.sh").read_text()
+    script = files_path("shared/fetch-verified.sh").read_text()
     assert f"netrc={shared_ops.DOWNLOAD_NETRC}\n" in script
     local = script.replace(shared_ops.DOWNLOAD_NETRC, str(netrc))
     dest = tmp_path / "out" / "tool"

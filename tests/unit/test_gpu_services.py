@@ -21,8 +21,9 @@ from pyinfra.facts.files import FileContents
 
 from deploy.facts.gpu import GpuPersistence, NvSwitches, nvswitch_command, parse_nvswitches
 from deploy.pins import PinError, driver_pins, fabricmanager_pins
-from roles import apt_pinsets, gpu_services
-from roles.templates import files_path
+from roles.apt import pinsets as apt_pinsets
+from roles.nvidia import gpu_services
+from roles.shared.templates import files_path
 from tests.lab import mirror
 from tests.unit.optest import on_host, run_op
 
@@ -99,12 +100,12 @@ def test_fabric_manager_preferences_like_the_drivers():
 
 
 def test_persistenced_drop_in_is_nvidias_override():
-    text = files_path("gpu_services/nvidia-persistenced.conf").read_text()
+    text = files_path("nvidia/nvidia-persistenced.conf").read_text()
     execs = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     # The empty ExecStart= clears the packaged command before the new one.
     assert execs == ["ExecStart=", "ExecStart=/usr/bin/nvidia-persistenced --verbose"]
     assert "--no-persistence-mode" not in execs[1]
-    peermem = files_path("gpu_services/nvidia-peermem.conf").read_text().splitlines()
+    peermem = files_path("nvidia/nvidia-peermem.conf").read_text().splitlines()
     assert [line for line in peermem if not line.startswith("#")] == ["nvidia-peermem"]
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from deploy.facts.system import ManagedFiles, NetLinkTypes, NetplanFeatures
-from roles.ipoib import (
+from roles.fabric.ipoib import (
     ARPHRD_INFINIBAND,
     HEADER,
     ib_mode,

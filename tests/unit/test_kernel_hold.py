@@ -1,4 +1,4 @@
-"""roles/kernel.py on Ubuntu kernels the lab cannot boot: what is held, what apt reads.
+"""roles/shared/kernel.py on Ubuntu kernels the lab cannot boot: what is held, what apt reads.
 
 MLNX_OFED's --add-kernel-support modules are built for the running kernel only, so its packages
 and Ubuntu's kernel meta packages are held and kept away from unattended-upgrades. The
@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from roles import kernel
+from roles.shared import kernel
 
 FOCAL = "5.4.0-169-generic"
 JAMMY = "5.15.0-91-generic"

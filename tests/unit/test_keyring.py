@@ -9,7 +9,7 @@ from pyinfra.api import StringCommand
 
 from deploy.cluster import ClusterError, load_cluster
 from deploy.facts.keyring import KeptKeyring
-from roles import apt_pins
+from roles.apt import cuda_repo as apt_pins
 from tests.lab import debs
 
 from .labfiles import lab_text

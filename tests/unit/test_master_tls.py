@@ -23,7 +23,9 @@ from deploy import determined_node, master_http
 from deploy.cluster import ClusterError, load_cluster
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.determined_users import MasterUsers, program_command
-from roles import determined_common, determined_master, determined_tls
+from roles.determined import common as determined_common
+from roles.determined import master as determined_master
+from roles.determined import tls as determined_tls
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.unit.tls_material import (
     Issued,
@@ -37,7 +39,7 @@ from tests.unit.tls_material import (
 from tests.verify.master_config import differences, expected_master_yaml
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 
-PROGRAM = determined_common.__file__.replace("roles/determined_common.py", "files/determined/master-users.py")
+PROGRAM = determined_common.__file__.replace("roles/determined/common.py", "files/determined/master-users.py")
 
 
 @pytest.fixture

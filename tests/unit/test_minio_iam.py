@@ -1,6 +1,6 @@
 """The deploy's MinIO users (Determined's bucket-only one, pg-backup's backups-only one): the
 model keys, the policies, the console options, the deploy's admin-API calls
-(deploy/minio_iam.py, roles/minio_iam.py) and what each user's keys may do, against the MinIO
+(deploy/minio_admin.py, roles/minio/iam.py) and what each user's keys may do, against the MinIO
 stand-in.
 
 The stand-in runs as a process on 127.0.0.1 (like tests/unit/test_standin_minio.py); the
@@ -24,10 +24,10 @@ from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 from pyinfra.api import FunctionCommand
 
-from deploy import minio_iam
+from deploy import minio_admin
 from deploy.cluster import ClusterError, load_cluster, storage_keys
-from roles import minio
-from roles import minio_iam as roles_minio_iam
+from roles.minio import iam as roles_minio_iam
+from roles.minio import server as minio
 from tests.unit.optest import run_op
 from tests.unit.test_standin_minio import MinioProcess
 from tests.unit.test_storage_roles import NASTY, write_cluster
@@ -37,7 +37,7 @@ ROOT_USER, ROOT_SECRET = "lab-root-user", "lab-Root-Secret-1"
 
 
 def _load_pg_backup_program():
-    path = Path(__file__).resolve().parents[2] / "files" / "pg_backup" / "pg-backup"
+    path = Path(__file__).resolve().parents[2] / "files" / "postgresql" / "pg-backup"
     loader = importlib.machinery.SourceFileLoader("pg_backup_program_iam", str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
@@ -131,21 +131,21 @@ def test_derived_secret_keys(env, tmp_path):
     """The model derives each user's key once, at load (deploy/cluster/storage_keys.py)."""
     c = load_cluster(cluster_file(tmp_path))
     key = c.storage.determined_secret.value
-    assert len(key) == minio_iam.SECRET_KEY_LENGTH
+    assert len(key) == minio_admin.SECRET_KEY_LENGTH
     assert key == load_cluster(cluster_file(tmp_path)).storage.determined_secret.value
     assert ROOT_SECRET not in key and key.replace("-", "").replace("_", "").isalnum()
     other = load_cluster(cluster_file(tmp_path, determined_user="trials"))
     assert other.storage.determined_secret.value != key
     # pg-backup's is its own: a trial holding Determined's key cannot compute it.
     backup = c.storage.backup_secret.value
-    assert len(backup) == minio_iam.SECRET_KEY_LENGTH and backup != key
+    assert len(backup) == minio_admin.SECRET_KEY_LENGTH and backup != key
     assert backup == storage_keys.derive_secret(ROOT_SECRET, "pg-backup")
     # The users the deploy makes carry them; no repr shows one.
-    assert [u.secret for u in minio_iam.users(c.storage)] == [
+    assert [u.secret for u in minio_admin.users(c.storage)] == [
         c.storage.determined_secret,
         c.storage.backup_secret,
     ]
-    shown = repr(c) + repr(c.storage.determined_secret) + repr(minio_iam.users(c.storage))
+    shown = repr(c) + repr(c.storage.determined_secret) + repr(minio_admin.users(c.storage))
     assert key not in shown and backup not in shown and ROOT_SECRET not in shown
     # Without resolving secrets there is no root password to derive from: unresolved too.
     unresolved = load_cluster(cluster_file(tmp_path), resolve_secrets=False).storage.determined_secret
@@ -215,9 +215,9 @@ def test_minio_takes_a_given_secret_key(env, tmp_path, server):
         cluster_file(tmp_path, port=server.port, determined_secret_key=_secret(tmp_path, "det.key", own))
     )
     server.client(ROOT_SECRET, "us-east-1", ROOT_USER).make_bucket("det-checkpoints", location="us-east-1")
-    user = minio_iam.determined(cluster.storage)
-    minio_iam.ensure(cluster, user)
-    assert minio_iam.read_state(cluster, user).problems == []
+    user = minio_admin.determined(cluster.storage)
+    minio_admin.ensure(cluster, user)
+    assert minio_admin.read_state(cluster, user).problems == []
     server.client(own, "us-east-1", "determined").put_object("det-checkpoints", "a", io.BytesIO(b"x"), 1)
 
 
@@ -235,7 +235,7 @@ DENY_BACKUPS = [
 
 def test_policy_without_prefix(env, tmp_path):
     storage = load_cluster(cluster_file(tmp_path)).storage
-    user = minio_iam.determined(storage)
+    user = minio_admin.determined(storage)
     doc = user.document
     assert doc["Version"] == "2012-10-17"
     allow = [s for s in doc["Statement"] if s["Effect"] == "Allow"]
@@ -265,17 +265,17 @@ def test_policy_without_prefix(env, tmp_path):
 
 def test_policy_with_prefix_leaves_the_backups_out(env, tmp_path):
     storage = load_cluster(cluster_file(tmp_path, prefix="team-a/runs")).storage
-    doc = minio_iam.determined_policy(storage)
+    doc = minio_admin.determined_policy(storage)
     (objects,) = [s for s in doc["Statement"] if "s3:PutObject" in s["Action"] and s["Effect"] == "Allow"]
     assert objects["Resource"] == ["arn:aws:s3:::det-checkpoints/team-a/runs/*"]
     assert [s for s in doc["Statement"] if s["Effect"] == "Deny"] == [*DENY_BACKUPS, DENY_ADMIN]
 
 
 def test_backup_policy_is_what_pg_backup_does_under_its_prefix(env, tmp_path):
-    from roles import pg_backup
+    from roles.postgresql import backup as pg_backup
 
     storage = load_cluster(cluster_file(tmp_path, prefix="team-a/runs")).storage
-    user = minio_iam.backup(storage)
+    user = minio_admin.backup(storage)
     assert (user.name, user.policy) == ("pg-backup", "pg-backup-postgresql")
     assert user.document == {
         "Version": "2012-10-17",
@@ -294,31 +294,31 @@ def test_backup_policy_is_what_pg_backup_does_under_its_prefix(env, tmp_path):
             DENY_ADMIN,
         ],
     }
-    assert pg_backup.PREFIX == minio_iam.BACKUP_PREFIX
-    assert minio_iam.BACKUP_PREFIX.startswith(minio_iam.RESERVED_PREFIX)
-    assert [u.name for u in minio_iam.users(storage)] == ["determined", "pg-backup"]
+    assert pg_backup.PREFIX == minio_admin.BACKUP_PREFIX
+    assert minio_admin.BACKUP_PREFIX.startswith(minio_admin.RESERVED_PREFIX)
+    assert [u.name for u in minio_admin.users(storage)] == ["determined", "pg-backup"]
 
 
 def test_canonical_ignores_order_and_layout_only(env, tmp_path):
-    doc = minio_iam.determined_policy(load_cluster(cluster_file(tmp_path)).storage)
+    doc = minio_admin.determined_policy(load_cluster(cluster_file(tmp_path)).storage)
     shuffled = json.loads(json.dumps(doc))
     shuffled["Statement"].reverse()
     for st in shuffled["Statement"]:
         st["Action"].reverse()
-    assert minio_iam.canonical(shuffled) == minio_iam.canonical(doc)
+    assert minio_admin.canonical(shuffled) == minio_admin.canonical(doc)
     wider = json.loads(json.dumps(doc))
     wider["Statement"][0]["Resource"] = ["arn:aws:s3:::*"]
-    assert minio_iam.canonical(wider) != minio_iam.canonical(doc)
+    assert minio_admin.canonical(wider) != minio_admin.canonical(doc)
 
 
 def test_canonical_reads_conditions_as_minio_prints_them(env, tmp_path):
-    doc = minio_iam.backup_policy(load_cluster(cluster_file(tmp_path)).storage)
+    doc = minio_admin.backup_policy(load_cluster(cluster_file(tmp_path)).storage)
     printed = json.loads(json.dumps(doc))
     # MinIO prints a condition's values as an array in set order; a lone string means the same.
     printed["Statement"][0]["Condition"] = {"StringLike": {"s3:prefix": "backups/postgresql/*"}}
-    assert minio_iam.canonical(printed) == minio_iam.canonical(doc)
+    assert minio_admin.canonical(printed) == minio_admin.canonical(doc)
     printed["Statement"][0]["Condition"] = {"StringLike": {"s3:prefix": ["backups/*"]}}
-    assert minio_iam.canonical(printed) != minio_iam.canonical(doc)
+    assert minio_admin.canonical(printed) != minio_admin.canonical(doc)
 
 
 # --- console ----------------------------------------------------------------------------------
@@ -360,9 +360,9 @@ def deployed(env, tmp_path, server):
     root = server.client(ROOT_SECRET, "us-east-1", ROOT_USER)
     root.make_bucket("det-checkpoints", location="us-east-1")
     root.make_bucket("other-bucket", location="us-east-1")
-    for user in minio_iam.users(cluster.storage):
-        assert minio_iam.read_state(cluster, user).problems  # nothing there yet
-        done = minio_iam.ensure(cluster, user)
+    for user in minio_admin.users(cluster.storage):
+        assert minio_admin.read_state(cluster, user).problems  # nothing there yet
+        done = minio_admin.ensure(cluster, user)
         assert [d.split(" (")[0] for d in done] == [
             f"wrote policy {user.policy}",
             f"wrote user {user.name}",
@@ -380,9 +380,9 @@ def backup_client(server, cluster) -> Minio:
 
 
 def test_second_ensure_changes_nothing(deployed):
-    for user in minio_iam.users(deployed.storage):
-        assert minio_iam.read_state(deployed, user).problems == []
-        assert minio_iam.ensure(deployed, user) == []
+    for user in minio_admin.users(deployed.storage):
+        assert minio_admin.read_state(deployed, user).problems == []
+        assert minio_admin.ensure(deployed, user) == []
 
 
 def test_scoped_key_works_in_the_bucket_and_nowhere_else(deployed, server):
@@ -421,11 +421,11 @@ def test_scoped_key_is_refused_the_admin_api(deployed, server):
     ):
         with pytest.raises(MinioAdminException) as e:
             call()
-        assert minio_iam.error_code(e.value) == "AccessDenied"
+        assert minio_admin.error_code(e.value) == "AccessDenied"
 
 
 def test_drift_is_repaired(deployed, server):
-    root = minio_iam.admin_client(deployed)
+    root = minio_admin.admin_client(deployed)
     root.policy_add(
         "determined-checkpoints",
         policy={
@@ -434,16 +434,16 @@ def test_drift_is_repaired(deployed, server):
         },
     )
     root.user_add("determined", "someone-elses-secret")
-    problems = minio_iam.read_state(deployed).problems
+    problems = minio_admin.read_state(deployed).problems
     assert [p.split(" ")[0:2] for p in problems] == [
         ["policy", "determined-checkpoints"],
         ["user", "determined's"],
     ]
-    done = minio_iam.ensure(deployed)
-    assert len(done) == 2 and minio_iam.read_state(deployed).problems == []
+    done = minio_admin.ensure(deployed)
+    assert len(done) == 2 and minio_admin.read_state(deployed).problems == []
     root.policy_set("readwrite", user="determined")
-    assert minio_iam.read_state(deployed).mapping
-    minio_iam.ensure(deployed)
+    assert minio_admin.read_state(deployed).mapping
+    minio_admin.ensure(deployed)
     assert json.loads(root.user_info("determined"))["policyName"] == "determined-checkpoints"
 
 
@@ -485,12 +485,12 @@ def test_trial_keys_are_denied_the_backups(deployed, server):
 
 
 def test_backup_keys_do_what_pg_backup_does_and_nothing_else(deployed, server, tmp_path):
-    """files/pg_backup/pg-backup's own requests with its own keys, then what it must not do."""
+    """files/postgresql/pg-backup's own requests with its own keys, then what it must not do."""
     storage = deployed.storage
     conf = {"PGB_ENDPOINT": f"http://127.0.0.1:{server.port}", "PGB_BUCKET": "det-checkpoints"}
     keys = {"AWS_ACCESS_KEY_ID": "pg-backup", "AWS_SECRET_ACCESS_KEY": storage.backup_secret.value}
     bucket = pg_backup_program.Bucket({**conf, "PGB_REGION": "us-east-1"}, keys)
-    prefix = minio_iam.BACKUP_PREFIX
+    prefix = minio_admin.BACKUP_PREFIX
     names = [f"{prefix}determined-2026113{i}T023000Z-nightly.dump" for i in range(3)]
     for name in names:
         bucket.request(
@@ -531,24 +531,24 @@ def test_backup_keys_do_what_pg_backup_does_and_nothing_else(deployed, server, t
     for call in (lambda: admin.user_add("pg-backup", "changed-by-someone"), admin.policy_list):
         with pytest.raises(MinioAdminException) as e:
             call()
-        assert minio_iam.error_code(e.value) == "AccessDenied"
+        assert minio_admin.error_code(e.value) == "AccessDenied"
 
 
 def test_backup_user_drift_is_repaired(deployed, server):
-    user = minio_iam.backup(deployed.storage)
-    root = minio_iam.admin_client(deployed)
+    user = minio_admin.backup(deployed.storage)
+    root = minio_admin.admin_client(deployed)
     root.policy_set("readwrite", user=user.name)
     root.user_add(user.name, "someone-elses-secret")
-    state = minio_iam.read_state(deployed, user)
+    state = minio_admin.read_state(deployed, user)
     assert state.mapping and state.user and not state.policy
-    minio_iam.ensure(deployed, user)
-    assert minio_iam.read_state(deployed, user).problems == []
-    assert minio_iam.read_state(deployed).problems == []  # Determined's untouched
+    minio_admin.ensure(deployed, user)
+    assert minio_admin.read_state(deployed, user).problems == []
+    assert minio_admin.read_state(deployed).problems == []  # Determined's untouched
 
 
 def test_role_operation_is_a_noop_when_minio_matches(deployed):
     noops = []
-    for user in minio_iam.users(deployed.storage):
+    for user in minio_admin.users(deployed.storage):
         commands, said = run_op(roles_minio_iam.scoped_user, {}, deployed, user)  # reads no fact
         assert commands == []
         noops += said
@@ -559,26 +559,26 @@ def test_role_operation_is_a_noop_when_minio_matches(deployed):
 
 
 def test_role_operation_repairs_through_the_controller(deployed):
-    user = minio_iam.backup(deployed.storage)
-    minio_iam.admin_client(deployed).policy_set("readwrite", user=user.name)
+    user = minio_admin.backup(deployed.storage)
+    minio_admin.admin_client(deployed).policy_set("readwrite", user=user.name)
     (command,), noops = run_op(roles_minio_iam.scoped_user, {}, deployed, user)
     assert isinstance(command, FunctionCommand) and noops == []
-    assert minio_iam.read_state(deployed, user).mapping  # nothing done until pyinfra runs it
+    assert minio_admin.read_state(deployed, user).mapping  # nothing done until pyinfra runs it
     logged = []
     assert command.function(None, type("H", (), {"log": lambda self, line, f: logged.append(line)})())
     assert logged == [
         f"set policy {user.policy} on user pg-backup "
         f"(user pg-backup has policies ['readwrite'], not [{user.policy}])"
     ]
-    assert minio_iam.read_state(deployed, user).problems == []
+    assert minio_admin.read_state(deployed, user).problems == []
 
 
 def test_errors_name_no_secret(env, tmp_path, server):
     cluster = load_cluster(cluster_file(tmp_path, port=server.port))
-    bad = minio_iam.admin_client(cluster)
+    bad = minio_admin.admin_client(cluster)
     bad._provider = StaticProvider(ROOT_USER, "wrong-secret-123")
-    with pytest.raises(minio_iam.IamError) as e:
-        minio_iam.read_state(cluster, admin=bad)
+    with pytest.raises(minio_admin.IamError) as e:
+        minio_admin.read_state(cluster, admin=bad)
     assert "SignatureDoesNotMatch" in str(e.value)
     assert ROOT_SECRET not in str(e.value) and cluster.storage.determined_secret.value not in str(e.value)
 
@@ -623,7 +623,7 @@ def test_stand_in_refuses_listing_conditions_elsewhere_like_minio(server):
     }
     with pytest.raises(MinioAdminException) as e:
         admin.policy_add("bad", policy={"Version": "2012-10-17", "Statement": [statement]})
-    assert minio_iam.error_code(e.value) == "XMinioMalformedIAMPolicy"
+    assert minio_admin.error_code(e.value) == "XMinioMalformedIAMPolicy"
 
 
 def test_an_unreachable_minio_is_named_with_its_cause(env, tmp_path):
@@ -635,8 +635,8 @@ def test_an_unreachable_minio_is_named_with_its_cause(env, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     c = load_cluster(cluster_file(tmp_path, port=port))
-    with pytest.raises(minio_iam.IamError) as e:
-        minio_iam.read_state(c)
+    with pytest.raises(minio_admin.IamError) as e:
+        minio_admin.read_state(c)
     text = str(e.value)
     assert f"MinIO at 127.0.0.1:{port} is not reachable: MaxRetryError (NewConnectionError:" in text
     assert "Connection refused" in text

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from deploy import site
-from deploy.firewall import foreign_rules
-from roles.apt_proxy import apt_conf
-from roles.hosts import hosts_block
-from roles.preflight import cgroup_unit, os_label, os_problems, port_problem
+from deploy.iptables import foreign_rules
+from roles.apt.proxy import apt_conf
+from roles.node.hosts import hosts_block
+from roles.node.preflight import cgroup_unit, os_label, os_problems, port_problem
 
 ALLOWED = {"Ubuntu 20.04": ("5.4.0-100-generic",), "Ubuntu 22.04": ("5.15.0-100-generic",)}
 

@@ -45,14 +45,14 @@ def test_the_cases_cover_every_operation_the_unit_tests_give_facts_to():
     # (one that changes something, one that does not) unless it cannot change anything.
     covered = {p.parent.name for p in FILES}
     assert covered >= {
-        "roles.shared_ops.verified_binary",
-        "roles.shared_ops.verified_deb",
-        "roles.docker.nvidia_runtime",
-        "roles.postgresql.pgdg_key",
-        "roles.apt_pins.keyring",
-        "roles.gpu_services.persistence_on",
-        "roles.determined_users.built_in_users",
-        "roles.determined_domains.unit_off",
+        "roles.shared.ops.verified_binary",
+        "roles.shared.ops.verified_deb",
+        "roles.determined.docker.nvidia_runtime",
+        "roles.postgresql.server.pgdg_key",
+        "roles.apt.cuda_repo.keyring",
+        "roles.nvidia.gpu_services.persistence_on",
+        "roles.determined.users.built_in_users",
+        "roles.determined.domains.unit_off",
     }
     for name in covered:
         cases = [json.loads(p.read_text()) for p in (CASES / name).glob("*.json")]
@@ -63,7 +63,7 @@ def test_the_cases_cover_every_operation_the_unit_tests_give_facts_to():
 # Cases only of the no-change side here; their changing side needs arguments JSON cannot carry
 # (tests/unit/test_determined_users.py, test_storage_roles.py) or makes random bytes.
 NO_CHANGE_ONLY = {
-    "roles.determined_users.built_in_users",
-    "roles.determined_domains.no_domain_agents",
-    "roles.postgresql_role.digest_key",
+    "roles.determined.users.built_in_users",
+    "roles.determined.domains.no_domain_agents",
+    "roles.postgresql.db_role.digest_key",
 }

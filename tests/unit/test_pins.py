@@ -37,8 +37,12 @@ from deploy.pins import (
     nccl_version_code,
     ofed_release,
 )
-from roles import apt_pins, apt_pinsets, cuda, mofed, nvidia_driver
-from roles.shared_ops import fetch_verified
+from roles.apt import cuda_repo as apt_pins
+from roles.apt import pinsets as apt_pinsets
+from roles.fabric import mofed
+from roles.nvidia import cuda
+from roles.nvidia import driver as nvidia_driver
+from roles.shared.ops import fetch_verified
 from tests.lab.standins.nvidia import build as lab_nvidia
 from tests.unit.optest import commands_of
 
@@ -527,7 +531,7 @@ def test_driver_loaded_check_accepts_only_the_pin(tmp_path):
     import os
     import subprocess
 
-    from roles.nvidia_driver import driver_loaded_check
+    from roles.nvidia.driver import driver_loaded_check
 
     fake = tmp_path / "nvidia-smi"
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
@@ -569,7 +573,7 @@ def test_cuda_profile_and_link_script(tmp_path):
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
 
     def run():
-        command = str(cuda.script("cuda/cuda-link.sh", home, 117, link))
+        command = str(cuda.script("nvidia/cuda-link.sh", home, 117, link))
         return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, check=False)
 
     missing = run()

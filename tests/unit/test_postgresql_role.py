@@ -1,6 +1,6 @@
 """The SQL that sets Determined's database password reaches psql on stdin, never a command line."""
 
-from roles.postgresql import role_statement, scram_verifier
+from roles.postgresql.server import role_statement, scram_verifier
 
 
 def test_role_statement_carries_the_verifier_not_the_password():

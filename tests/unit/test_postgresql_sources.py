@@ -1,4 +1,4 @@
-"""roles/postgresql.py on the Ubuntu releases the lab cannot boot: where PostgreSQL comes from.
+"""roles/postgresql/server.py on the Ubuntu releases the lab cannot boot: where PostgreSQL comes from.
 
 Ubuntu 20.04 ships PostgreSQL 12, so the role takes PGDG's 15, from PGDG's archive host (focal-pgdg
 left apt.postgresql.org after focal's end of life). Ubuntu 22.04 ships 14: no PGDG source at
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from roles import postgresql
+from roles.postgresql import server as postgresql
 
 FOCAL = ("ubuntu", "20.04", "focal")
 JAMMY = ("ubuntu", "22.04", "jammy")

@@ -16,7 +16,7 @@ from deploy.cluster.keys import specs
 from deploy.cluster.model import Preflight
 from deploy.cluster.rules import DB_PASSWORD_CHARACTERS
 from deploy.facts.system import DiskFreeGB, SecureBootState, secure_boot_state
-from roles.preflight import (
+from roles.node.preflight import (
     certified_warning,
     os_label,
     os_problems,

@@ -76,30 +76,22 @@ from deploy.pins import (
     fabricmanager_pins,
     ofed_release,
 )
-from roles import (
-    apt_proxy,
-    cuda,
-    determined_agent,
-    determined_master,
-    determined_users,
-    docker,
-    firewall,
-    gpu_services,
-    hosts,
-    ipoib,
-    kernel,
-    minio,
-    minio_tls,
-    mofed,
-    nccl,
-    nvidia_driver,
-    pg_backup,
-    postgresql,
-    postgresql_role,
-    preflight,
-    task_images,
-)
-from roles.ipoib import ARPHRD_INFINIBAND
+from roles.apt import proxy as apt_proxy
+from roles.determined import agent as determined_agent
+from roles.determined import docker, task_images
+from roles.determined import master as determined_master
+from roles.determined import users as determined_users
+from roles.fabric import ipoib, mofed
+from roles.fabric.ipoib import ARPHRD_INFINIBAND
+from roles.minio import server as minio
+from roles.minio import tls as minio_tls
+from roles.node import firewall, hosts, preflight
+from roles.nvidia import cuda, gpu_services, nccl
+from roles.nvidia import driver as nvidia_driver
+from roles.postgresql import backup as pg_backup
+from roles.postgresql import db_role as postgresql_role
+from roles.postgresql import server as postgresql
+from roles.shared import kernel
 from tests.unit.optest import Facts, Planned, changing, plan, shown
 from tests.unit.test_cluster import lab_copy
 
@@ -170,7 +162,7 @@ def find_in_file(found: dict[str, list[str]]):
     return fact_value
 
 
-# --- roles/hosts.py ---------------------------------------------------------------------------
+# --- roles/node/hosts.py ---------------------------------------------------------------------------
 
 
 def hosts_fresh(cluster, node) -> dict:
@@ -192,7 +184,7 @@ def hosts_deployed_after(cluster, node, cold) -> dict:
     )
 
 
-# --- roles/firewall.py ------------------------------------------------------------------------
+# --- roles/node/firewall.py ------------------------------------------------------------------------
 
 CLEAN_DUMP = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]", "COMMIT"]
 
@@ -341,7 +333,7 @@ def fetched_files(cold: list[Planned]) -> dict[str, str]:
     for op in cold:
         for command in op.commands:
             line = shown(command)
-            if isinstance(line, list) and line[:2] == ["script", "shared_ops/fetch-verified.sh"]:
+            if isinstance(line, list) and line[:2] == ["script", "shared/fetch-verified.sh"]:
                 fetched[line[3]] = line[5]
     return fetched
 
@@ -447,7 +439,7 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
     return Facts(table, files={path: e["content"] for path, e in files.items()})
 
 
-# --- roles/ipoib.py: ib0 there (MLNX_OFED loaded ib_ipoib), not configured -------------------
+# --- roles/fabric/ipoib.py: ib0 there (MLNX_OFED loaded ib_ipoib), not configured -------------------
 
 IB_FEATURES = ["dhcp-use-domains", "ipv6-mtu", "infiniband"]  # `netplan info` on Ubuntu 24.04
 
@@ -490,13 +482,13 @@ def ipoib_deployed(netplan: bool) -> Callable:
     return facts
 
 
-# --- roles/minio.py ---------------------------------------------------------------------------
+# --- roles/minio/server.py ---------------------------------------------------------------------------
 
 
 def minio_controller(monkeypatch, deployed: bool) -> None:
     """MinIO as the controller finds it: not up yet on a fresh node; bucket and users as
     cluster.yaml says once deployed."""
-    from deploy import minio_iam as iam
+    from deploy import minio_admin as iam
     from deploy import s3
 
     monkeypatch.setattr(s3, "bucket_problem", lambda cluster: None if deployed else "connection refused")
@@ -509,7 +501,7 @@ def minio_controller(monkeypatch, deployed: bool) -> None:
     monkeypatch.setattr(iam, "read_state", read_state)
 
 
-# --- roles/postgresql.py ----------------------------------------------------------------------
+# --- roles/postgresql/server.py ----------------------------------------------------------------------
 
 
 def postgresql_fresh(cluster, node) -> dict:
@@ -537,7 +529,7 @@ def postgresql_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
-# --- roles/docker.py --------------------------------------------------------------------------
+# --- roles/determined/docker.py --------------------------------------------------------------------------
 
 
 def docker_deployed(cluster, node, cold) -> Facts:
@@ -555,7 +547,7 @@ def docker_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
-# --- roles/determined_users.py, roles/task_images.py: what the master and Docker report -------
+# --- roles/determined/users.py, roles/determined/task_images.py: what the master and Docker report -------
 
 MASTER_STARTING = {"master": "down", "admin": "error", "determined": "unknown"}  # just installed
 MASTER_SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
@@ -583,7 +575,7 @@ def images_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
-# --- roles/gpu_services.py --------------------------------------------------------------------
+# --- roles/nvidia/gpu_services.py --------------------------------------------------------------------
 
 
 def gpu_fresh(switches: list[str]) -> Callable:
@@ -619,7 +611,7 @@ def links(cold: list[Planned]):
     )
 
 
-# --- roles/determined_domains.py: one agent per NVLink domain ---------------------------------
+# --- roles/determined/domains.py: one agent per NVLink domain ---------------------------------
 
 TOPOLOGY = Path(__file__).parent / "topology_data" / "dgx1_v100_hybrid_cube_mesh.txt"  # 2 x 4 GPUs
 
@@ -647,7 +639,7 @@ def domains_deployed(cluster, node, cold) -> Facts:
     return facts
 
 
-# --- roles/minio_tls.py without storage.tls: a CA an earlier cluster.yaml installed goes --------
+# --- roles/minio/tls.py without storage.tls: a CA an earlier cluster.yaml installed goes --------
 
 
 def old_ca_fresh(cluster, node) -> dict:
@@ -682,7 +674,7 @@ class Case:
 # The CUDA repository's two operations, in every role that installs from it.
 CUDA_REPO = {
     "NVIDIA CUDA apt repository | Trust the CUDA repository (cuda-keyring_1.1-1_all.deb)": [
-        "shared_ops/fetch-verified.sh",
+        "shared/fetch-verified.sh",
         "433030adae11733ec494586dcff6a1c6dccb15436aba4cb3ac56dec1a28bf150",
         "--reinstall",
     ],
@@ -693,7 +685,7 @@ CUDA_REPO = {
     ],
 }
 HEADERS = {
-    f"Refresh apt lists for headers of the running kernel {KERNEL}": ["shared_ops/apt-update.sh"],
+    f"Refresh apt lists for headers of the running kernel {KERNEL}": ["shared/apt-update.sh"],
     f"Install headers of the running kernel {KERNEL}": ["install", f"linux-headers-{KERNEL}"],
 }
 
@@ -701,10 +693,10 @@ HEADERS = {
 def pinned_packages(name: str, install: str, *parts: str) -> dict[str, list[str]]:
     """apt_pins.pinned's operations for a pin set on a fresh node (the repo offers its pins)."""
     return {
-        f"Pinned packages | apt-get update if the cache lacks {name}": ["shared_ops/apt-update.sh"],
+        f"Pinned packages | apt-get update if the cache lacks {name}": ["shared/apt-update.sh"],
         f"Pinned packages | apt preferences for {name}": [f"/etc/apt/preferences.d/{name}.pref"],
         f"Pinned packages | Install {install}": ["--allow-downgrades", *parts],
-        f"Pinned packages | Hold {name}": ["shared_ops/apt-mark-hold.sh"],
+        f"Pinned packages | Hold {name}": ["shared/apt-mark-hold.sh"],
     }
 
 
@@ -740,7 +732,7 @@ CASES = [
         domains_fresh,
         domains_deployed,
         {
-            "Refresh apt lists for download tools": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for download tools": ["shared/apt-update.sh"],
             "Install download tools": ["install", "ca-certificates"],
             "/etc/determined": ["mkdir -p /etc/determined"],
             "/etc/determined/agent.yaml: unused on a per_domain node (no master_host)": [
@@ -799,9 +791,9 @@ CASES = [
         fresh,
         deployed,
         {
-            "Refresh apt lists for the backup program's interpreter": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for the backup program's interpreter": ["shared/apt-update.sh"],
             "Install the backup program's interpreter": ["install", "python3"],
-            "Backup program /usr/local/sbin/pg-backup": ["files/pg_backup/pg-backup", "chmod 755"],
+            "Backup program /usr/local/sbin/pg-backup": ["files/postgresql/pg-backup", "chmod 755"],
             "/etc/pg-backup": ["mkdir -p /etc/pg-backup"],
             "Backup settings /etc/pg-backup/pg-backup.conf": ["/etc/pg-backup/pg-backup.conf"],
             "Backup S3 keys /etc/pg-backup/s3.env": ["chmod 600 /etc/pg-backup/s3.env"],
@@ -841,7 +833,7 @@ CASES = [
         fresh,
         docker_deployed,
         {
-            "Refresh apt lists for Docker": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for Docker": ["shared/apt-update.sh"],
             "Install Docker": ["install", "docker.io"],
             **CUDA_REPO,
             **pinned_packages(
@@ -861,7 +853,7 @@ CASES = [
         fresh,
         deployed,
         {
-            "Refresh apt lists for download tools": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for download tools": ["shared/apt-update.sh"],
             "Install download tools": ["install", "ca-certificates"],
             "/etc/determined": ["mkdir -p /etc/determined"],
             "Agent configuration /etc/determined/agent.yaml": [
@@ -886,7 +878,7 @@ CASES = [
         fresh,
         deployed,
         {
-            "Refresh apt lists for download and health-check tools": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for download and health-check tools": ["shared/apt-update.sh"],
             "Install download and health-check tools": ["install", "ca-certificates"],
             "/etc/determined": ["mkdir -p /etc/determined", "chmod 755"],
             "Master configuration /etc/determined/master.yaml": [
@@ -900,7 +892,7 @@ CASES = [
                 "/etc/systemd/system/determined-master.service.d/10-s3.conf"
             ],
             "Install determined-master 0.38.0 (sha256-pinned)": [
-                "shared_ops/fetch-verified.sh",
+                "shared/fetch-verified.sh",
                 "determined-master_0.38.0_linux_amd64.deb",
                 "d2ac9138217334f509a81fafdb97b0c10d783368af5ec4ee718c3d353cd072f5",
             ],
@@ -915,7 +907,7 @@ CASES = [
         postgresql_fresh,
         postgresql_deployed,
         {
-            "Refresh apt lists for PostgreSQL 15": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for PostgreSQL 15": ["shared/apt-update.sh"],
             "Install PostgreSQL 15": ["install", "postgresql-15"],
             "PostgreSQL settings for Determined (max_connections = 100)": [
                 "/etc/postgresql/15/main/conf.d/50-determined.conf",
@@ -940,10 +932,10 @@ CASES = [
         fresh,
         deployed,
         {
-            "Refresh apt lists for download and health-check tools": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for download and health-check tools": ["shared/apt-update.sh"],
             "Install download and health-check tools": ["install", "ca-certificates"],
             "Install the MinIO server binary (sha256-pinned)": [
-                "shared_ops/fetch-verified.sh",
+                "shared/fetch-verified.sh",
                 "http://10.77.0.1:8077/minio/minio",
                 "b0e1d4802f568f8fbfb223dbafe1598718cfe1af12463d142adfe87b16e250e1",
             ],
@@ -974,7 +966,7 @@ CASES = [
         ipoib_fresh(netplan=False),
         ipoib_deployed(netplan=False),
         {
-            "Refresh apt lists for ifupdown": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for ifupdown": ["shared/apt-update.sh"],
             "Install ifupdown": ["install", "ifupdown"],
             "interfaces sources interfaces.d": [
                 "source /etc/network/interfaces.d/*",
@@ -1007,14 +999,14 @@ CASES = [
         {
             **HEADERS,
             "Download MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz (sha256 checked)": [
-                "shared_ops/fetch-verified.sh",
+                "shared/fetch-verified.sh",
                 "http://10.77.0.1:8077/mofed/MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz",
                 "95ac0d387e42bf5ed6db5244351f7f3168f228acb1a9b52db245d3d2aa6938d4",
             ],
-            "Refresh apt lists for MLNX_OFED prerequisites": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for MLNX_OFED prerequisites": ["shared/apt-update.sh"],
             "Install MLNX_OFED prerequisites": ["install", "python3", "pciutils"],
             "Install MLNX_OFED_LINUX-5.8-3.0.7.0 and restart openibd": [
-                "mofed/install.sh",
+                "fabric/install.sh",
                 "/var/cache/mlnx-ofed/MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz",
             ],
             f"Hold kernel {KERNEL} and the kernel meta packages": [
@@ -1035,7 +1027,7 @@ CASES = [
         {
             **CUDA_REPO,
             **pinned_packages("cuda-toolkit", "cuda-toolkit-11-7=11.7.1-1", "cuda-toolkit-11-7=11.7.1-1"),
-            "/usr/local/cuda -> /usr/local/cuda-11.7": ["cuda/cuda-link.sh", "/usr/local/cuda-11.7"],
+            "/usr/local/cuda -> /usr/local/cuda-11.7": ["nvidia/cuda-link.sh", "/usr/local/cuda-11.7"],
             "CUDA paths for login shells": ["/etc/profile.d/", "CUDA 11.7.1"],
         },
     ),
@@ -1057,12 +1049,10 @@ CASES = [
         fresh,
         deployed,
         {
-            "Refresh apt lists for headers of the running kernel 6.1.0-18-amd64": [
-                "shared_ops/apt-update.sh"
-            ],
+            "Refresh apt lists for headers of the running kernel 6.1.0-18-amd64": ["shared/apt-update.sh"],
             "Install headers of the running kernel 6.1.0-18-amd64": ["install", f"linux-headers-{KERNEL}"],
             "NVIDIA CUDA apt repository | Trust the CUDA repository (cuda-keyring_1.1-1_all.deb)": [
-                "shared_ops/fetch-verified.sh",
+                "shared/fetch-verified.sh",
                 "433030adae11733ec494586dcff6a1c6dccb15436aba4cb3ac56dec1a28bf150",
                 "--reinstall",
             ],
@@ -1072,7 +1062,7 @@ CASES = [
                 "/etc/apt/sources.list.d/cuda-debian12-x86_64.list",
             ],
             "Blacklist nouveau": ["/etc/modprobe.d/blacklist-nouveau.conf", "chmod 644"],
-            "Pinned packages | apt-get update if the cache lacks nvidia-driver": ["shared_ops/apt-update.sh"],
+            "Pinned packages | apt-get update if the cache lacks nvidia-driver": ["shared/apt-update.sh"],
             "Pinned packages | apt preferences for nvidia-driver": [
                 "Package: cuda-drivers-515\\nPin: version 515.65.01-1",
                 "/etc/apt/preferences.d/nvidia-driver.pref",
@@ -1083,7 +1073,7 @@ CASES = [
                 "cuda-drivers-515=515.65.01-1",
                 "nvidia-dkms-515=515.65.01-0ubuntu1",
             ],
-            "Pinned packages | Hold nvidia-driver": ["shared_ops/apt-mark-hold.sh", "nvidia-dkms-515"],
+            "Pinned packages | Hold nvidia-driver": ["shared/apt-mark-hold.sh", "nvidia-dkms-515"],
             "Rebuild the initramfs without nouveau": ["update-initramfs -u"],
             "Reboot into the new NVIDIA driver (confirmed by a new boot_id)": [
                 "record_boot_id",
@@ -1091,11 +1081,11 @@ CASES = [
                 "wait_for_new_boot",
             ],
             "The new driver is loaded: nvidia-smi answers with the pin": [
-                "nvidia_driver/driver-loaded.sh",
+                "nvidia/driver-loaded.sh",
                 "515.65.01",
             ],
             "The units wanted at boot came up (one that failed is started once more)": [
-                "nvidia_driver/boot-units.sh",
+                "nvidia/boot-units.sh",
                 "openibd.service",
             ],
         },
@@ -1121,7 +1111,7 @@ CASES = [
         firewall_fresh,
         firewall_deployed_after,
         {
-            "Refresh apt lists for iptables (for the checks)": ["shared_ops/apt-update.sh"],
+            "Refresh apt lists for iptables (for the checks)": ["shared/apt-update.sh"],
             "Install iptables (for the checks)": ["install", "iptables"],
             "Disable ufw (also at boot)": ["ufw --force disable"],
             "Stop firewalld.service": [
@@ -1185,7 +1175,7 @@ def test_as_deployed_node_gets_no_change(lab, case, monkeypatch):
     assert again and changing(again) == []
 
 
-# --- roles/preflight.py: no change when the node passes, one failing step when it does not ------
+# --- roles/node/preflight.py: no change when the node passes, one failing step when it does not ------
 
 
 def preflight_facts(cluster, node) -> dict:

@@ -1,7 +1,13 @@
 """The code's shape, kept by a test: small roles, a small model, pyinfra's internals in one place,
 and a repository that stands alone.
 
-- A role module reads in five minutes: at most ROLE_LINES lines.
+- roles/ is one package per service (roles/<service>/) and the shared layer (roles/shared/);
+  no module sits at roles/'s top level but its __init__.py. A package's static files are
+  files/<package>/: a package that names files has that folder, every folder of files/ is a
+  package's, and a module names only its own package's files or the shared layer's.
+- The shared layer imports no service package; no module outside a package imports that
+  package's underscore-private names; no module under deploy/ has the name of one under roles/.
+- A role module (each module of each package) reads in five minutes: at most ROLE_LINES lines.
 - The cluster model's modules: at most MODEL_LINES lines each.
 - Only the extension module (deploy/pyinfra_ext*) imports a pyinfra name that starts with an
   underscore or replaces an attribute of something imported from pyinfra; everything else uses
@@ -318,3 +324,181 @@ def test_no_role_imports_another_roles_private_names():
                 if private:
                     offenders.append(f"{_rel(path)}:{node.lineno}: from {node.module} import {private}")
     assert not offenders, offenders
+
+
+# --- one package per service ------------------------------------------------------------------
+# roles/<service>/ holds a service's roles and helpers, files/<service>/ its static files and
+# templates (files_path("minio/minio.service")), roles/shared/ and files/shared/ what all use.
+
+ROLES = REPO / "roles"
+SHARED = "shared"
+FILE_FUNCTIONS = {"files_path", "render", "script"}
+
+
+def _packages() -> list[str]:
+    return sorted(p.name for p in ROLES.iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def _package_of(path: Path) -> str | None:
+    """The roles package `path` is in (roles/minio/tls.py: "minio"), None outside roles/<pkg>/."""
+    parts = path.relative_to(REPO).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "roles" else None
+
+
+def test_roles_is_packages_only():
+    loose = sorted(p.name for p in ROLES.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules at roles/'s top level: {loose}: put each in its service's package"
+    no_init = [pkg for pkg in _packages() if not (ROLES / pkg / "__init__.py").is_file()]
+    assert not no_init, f"roles/ folders without __init__.py: {no_init}"
+
+
+def _named_files(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, files/-relative path or its leading literal part) of files_path/render/script calls."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name not in FILE_FUNCTIONS:
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.JoinedStr) and first.values:
+            first = first.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and "/" in first.value:
+            found.append((node.lineno, first.value))
+    return found
+
+
+def _files_by_package() -> dict[str, list[str]]:
+    named: dict[str, list[str]] = {}
+    for path in _python_files("roles"):
+        package = _package_of(path)
+        for line, relative in _named_files(ast.parse(path.read_text())):
+            named.setdefault(package or "", []).append(f"{_rel(path)}:{line}: {relative}")
+    return named
+
+
+def test_files_mirror_the_role_packages():
+    folders = sorted(p.name for p in (REPO / "files").iterdir() if p.is_dir())
+    orphans = sorted(set(folders) - set(_packages()))
+    assert not orphans, f"files/ folders with no roles/ package of that name: {orphans}"
+    named = _files_by_package()
+    missing = sorted(pkg for pkg in named if not (REPO / "files" / pkg).is_dir())
+    assert not missing, f"roles packages that name files but have no files/<package>/: {missing}"
+    foreign = [
+        ref
+        for pkg, refs in named.items()
+        for ref in refs
+        if ref.rsplit(": ", 1)[1].split("/", 1)[0] not in (pkg, SHARED)
+    ]
+    assert not foreign, f"a package names another package's files: {foreign}"
+    absent = [ref for refs in named.values() for ref in refs if not _file_exists(ref.rsplit(": ", 1)[1])]
+    assert not absent, f"named files that files/ does not have: {absent}"
+
+
+def _file_exists(relative: str) -> bool:
+    if "{" in relative or relative.endswith("/"):  # an f-string's literal head: its folder
+        return (REPO / "files" / relative.split("/", 1)[0]).is_dir()
+    return (REPO / "files" / relative).is_file()
+
+
+def test_the_files_detector_sees_what_it_must():
+    sample = (
+        'render("minio/x.j2", a=1)\n'
+        'script(\n    "shared/apt-update.sh", 1)\n'
+        'files_path(f"postgresql/{unit}")\n'
+        'cuda.script("nvidia/cuda-link.sh")\n'
+        "render(text)\n"
+    )
+    assert [r for _, r in _named_files(ast.parse(sample))] == [
+        "minio/x.j2",
+        "shared/apt-update.sh",
+        "postgresql/",
+        "nvidia/cuda-link.sh",
+    ]
+
+
+def _roles_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    return [(n, m) for n, m in _imported_modules(tree) if _is_role(m)]
+
+
+def test_the_shared_layer_imports_no_service_package():
+    offenders = [
+        f"{_rel(path)}:{line}: {module}"
+        for path in (ROLES / SHARED).glob("*.py")
+        for line, module in _roles_imports(ast.parse(path.read_text()))
+        if module.split(".")[:2] != ["roles", SHARED] and module != "roles"
+    ]
+    assert not offenders, f"roles/shared/ imports a service package: {offenders}"
+
+
+def _private_uses_of_packages(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, package, what) for each `from roles.<pkg>[.mod] import _x` and each `m._x` where m
+    was imported from roles.<pkg> (a module of it)."""
+    found: list[tuple[int, str, str]] = []
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and _is_role(node.module or ""):
+            parts = (node.module or "").split(".")
+            for alias in node.names:
+                package = parts[1] if len(parts) > 1 else alias.name
+                if alias.name.startswith("_"):
+                    found.append((node.lineno, package, f"imports {node.module}.{alias.name}"))
+                aliases[alias.asname or alias.name] = package
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if _is_role(alias.name) and len(parts) > 1 and alias.asname:
+                    aliases[alias.asname] = parts[1]
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            found.append((node.lineno, aliases[node.value.id], f"uses {node.value.id}.{node.attr}"))
+    return found
+
+
+def test_no_module_outside_a_package_uses_its_private_names():
+    offenders = [
+        f"{_rel(path)}:{line}: {what}"
+        for path in _python_files(*CODE_DIRS) + [REPO / "deploy.py"]
+        for line, package, what in _private_uses_of_packages(ast.parse(path.read_text()))
+        if _package_of(path) != package
+    ]
+    assert not offenders, f"private names of a roles package used outside it: {offenders}"
+
+
+def test_the_package_privacy_detector_sees_what_it_must():
+    sample = (
+        "from roles.minio.tls import _pair, public\n"
+        "from roles.postgresql import server as postgresql\n"
+        "from roles.apt import cuda_repo\n"
+        "postgresql._scram(1)\n"
+        "cuda_repo.keyring\n"
+        "postgresql.__name__\n"
+    )
+    assert [(p, w) for _, p, w in _private_uses_of_packages(ast.parse(sample))] == [
+        ("minio", "imports roles.minio.tls._pair"),
+        ("postgresql", "uses postgresql._scram"),
+    ]
+
+
+def test_no_twin_module_names_across_deploy_and_roles():
+    """deploy/minio_iam.py beside roles/minio_iam.py read as one module in two places: a name is
+    in one tree or the other (a package's __init__ and __main__ aside)."""
+
+    def stems(tree: str) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for path in _python_files(tree):
+            if path.stem not in ("__init__", "__main__"):
+                found.setdefault(path.stem, []).append(_rel(path))
+        return found
+
+    deploy, roles = stems("deploy"), stems("roles")
+    twins = {name: deploy[name] + roles[name] for name in sorted(set(deploy) & set(roles))}
+    assert not twins, f"the same module name under deploy/ and roles/: {twins}"

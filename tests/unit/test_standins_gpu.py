@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from roles import mofed
+from roles.fabric import mofed
 from tests.lab import mirror
 
 pytestmark = pytest.mark.skipif(
@@ -539,7 +539,7 @@ def test_ofed_tarball_layout(ofed, repo):
     assert debs == ["infiniband-diags", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils", "ofed-scripts"]
 
 
-# What a node has after roles/mofed.py installed the prerequisites: the packages, the tools
+# What a node has after roles/fabric/mofed.py installed the prerequisites: the packages, the tools
 # mlnx_add_kernel_support.sh looks for on PATH, and the running kernel's build tree.
 NODE_PACKAGES = tuple(mofed.PREREQUISITES) + (f"linux-headers-{os.uname().release}",)
 NODE_TOOLS = ("lsb_release", "apt-ftparchive", "bzip2")

@@ -30,15 +30,13 @@ from pyinfra.operations import postgres
 
 from deploy import s3
 from deploy.cluster import load_cluster
-from roles import (
-    determined_agent,
-    determined_domains,
-    determined_master,
-    docker,
-    minio,
-    postgresql,
-    shared_ops,
-)
+from roles.determined import agent as determined_agent
+from roles.determined import docker
+from roles.determined import domains as determined_domains
+from roles.determined import master as determined_master
+from roles.minio import server as minio
+from roles.postgresql import server as postgresql
+from roles.shared import ops as shared_ops
 from tests.unit.optest import Facts, commands_of
 from tests.verify.test_determined import KNOWN_AGENT, KNOWN_MASTER, unknown_keys
 from tests.verify.test_storage import parse_env_file
@@ -141,7 +139,7 @@ def test_master_yaml_values(cluster):
     assert config["checkpoint_storage"] == {
         "type": "s3",
         "bucket": "det-checkpoints",
-        # Determined's bucket-only user (deploy/minio_iam.py), never MinIO's root keys.
+        # Determined's bucket-only user (deploy/minio_admin.py), never MinIO's root keys.
         "access_key": "determined",
         "secret_key": cluster.storage.determined_secret.value,
         "endpoint_url": "http://127.0.0.1:9000",  # m1's address: trials on the bridge network
@@ -278,7 +276,7 @@ def test_scram_verifier_against_rfc7677_example():
 
 def test_password_matches():
     verifier = postgresql.scram_verifier("pw-1", b"0123456789abcdef")
-    key = b"k" * 64  # the node's key (roles/postgresql_role.py digest_key)
+    key = b"k" * 64  # the node's key (roles/postgresql/db_role.py digest_key)
     current = {
         "salt": verifier.split("$")[1],
         "digest": hmac.new(key, verifier.encode(), "sha256").hexdigest(),
@@ -450,7 +448,7 @@ def test_fetch_verified_installs_only_a_matching_file(http_dir, tmp_path):
         refused = install(f"{base}/tool", no_pin)
         assert refused.returncode == 1 and "no sha256 pin" in refused.stderr and not dest.exists()
     script = subprocess.run(
-        ["sh", str(REPO / "files/shared_ops/fetch-verified.sh"), f"{base}/tool", str(dest), "Tool", ""],
+        ["sh", str(REPO / "files/shared/fetch-verified.sh"), f"{base}/tool", str(dest), "Tool", ""],
         check=False,
         capture_output=True,
         text=True,
@@ -698,7 +696,7 @@ def test_role_and_database_against_postgresql(pg_cluster):
     _pg_run(env, commands_of(postgresql.role, facts, "determined", new, port, key))
     assert _login(port, "determined", new.value) and not _login(port, "determined", NASTY["T_DB"])
 
-    # pyinfra's postgres.database, as roles/postgresql.py calls it
+    # pyinfra's postgres.database, as roles/postgresql/server.py calls it
     database = {"database": "determined", "owner": "determined", "psql_port": port}
     _pg_run(env, commands_of(postgres.database, facts, **database), as_postgres=True)
     assert _login(port, "determined", new.value, database="determined")

@@ -18,7 +18,9 @@ import yaml
 
 from deploy import s3
 from deploy.cluster import ClusterError, load_cluster
-from roles import determined_master, minio, minio_tls
+from roles.determined import master as determined_master
+from roles.minio import server as minio
+from roles.minio import tls as minio_tls
 from tests.unit.test_standin_minio import SCRIPT, free_port
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.unit.tls_material import make_ca, make_intermediate, make_server, pki_files, tls_keys, write
@@ -192,7 +194,7 @@ def test_readiness_by_address_needs_no_resolve_and_brackets_ipv6(load, pki):
 
 
 def test_wait_for_http_pins_the_name_with_resolve(monkeypatch):
-    from roles import shared_ops
+    from roles.shared import ops as shared_ops
 
     monkeypatch.setattr(shared_ops.server, "shell", lambda **kwargs: kwargs)
     (plain,) = shared_ops.wait_for_http("http://127.0.0.1:9000/x", "MinIO")["commands"]

@@ -19,7 +19,8 @@ import yaml
 
 from deploy.cluster import ClusterError, images, load_cluster
 from deploy.cluster.reader import Reader
-from roles import determined_master, docker, task_images
+from roles.determined import docker, task_images
+from roles.determined import master as determined_master
 from tests.lab import registry
 from tests.unit.test_storage_roles import NASTY, write_cluster
 

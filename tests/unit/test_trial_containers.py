@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from deploy.cluster import images, load_cluster
-from roles import determined_master
+from roles.determined import master as determined_master
 from tests.unit.test_standin_determined import MASTER, free_port, load, run_master
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.verify.test_determined import KNOWN_MASTER, unknown_keys

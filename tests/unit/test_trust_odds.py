@@ -22,8 +22,10 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from deploy.cluster import ClusterError, load_cluster
 from deploy.facts.trust import OpenPgpKeys, SecretFileState
 from deploy.secrets import credentials_problem
-from roles import apt_proxy, postgresql, shared_ops
-from roles.templates import files_path
+from roles.apt import proxy as apt_proxy
+from roles.postgresql import server as postgresql
+from roles.shared import ops as shared_ops
+from roles.shared.templates import files_path
 from tests.lab.aptrepo import throwaway_keys
 from tests.unit.optest import Facts, run_op
 from tests.unit.test_cluster import MINIMAL
@@ -357,7 +359,7 @@ def test_fetch_verified_logs_in_from_the_netrc_file_never_from_its_command_line(
     (root / "tool").write_bytes(b"tool\n")
     pin = hashlib.sha256(b"tool\n").hexdigest()
     netrc = tmp_path / "download.netrc"
-    script = files_path("shared_ops/fetch-verified.sh").read_text()
+    script = files_path("shared/fetch-verified.sh").read_text()
     assert f"netrc={shared_ops.DOWNLOAD_NETRC}\n" in script  # one path, stated twice
     local = script.replace(shared_ops.DOWNLOAD_NETRC, str(netrc))
     dest = tmp_path / "tool"

@@ -13,7 +13,7 @@ import copy
 import pytest
 import yaml
 
-from roles import determined_master
+from roles.determined import master as determined_master
 from tests.unit.test_storage_roles import NASTY, write_cluster
 from tests.verify.master_config import differences, expected_master_yaml, expected_task_container_defaults
 

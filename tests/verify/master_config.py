@@ -89,7 +89,7 @@ def expected_master_yaml(cluster: Cluster) -> dict[str, Any]:
     db, storage, determined = cluster.database, cluster.storage, cluster.determined
     return {
         "port": cluster.master_port,
-        # PostgreSQL runs beside the master and listens on localhost only (roles/postgresql.py).
+        # PostgreSQL runs beside the master and listens on localhost only (roles/postgresql/server.py).
         "db": {
             "user": db.user,
             "password": Hidden(db.password, "database.password"),
@@ -100,7 +100,7 @@ def expected_master_yaml(cluster: Cluster) -> dict[str, Any]:
         "checkpoint_storage": {
             "type": "s3",
             "bucket": storage.bucket,
-            # Determined's bucket-only user, never MinIO's root (deploy/minio_iam.py).
+            # Determined's bucket-only user, never MinIO's root (deploy/minio_admin.py).
             "access_key": storage.determined_user,
             "secret_key": Hidden(storage.determined_secret, "storage.determined_user's secret key"),
             # The storage node as trial containers reach it (Docker's bridge network has no

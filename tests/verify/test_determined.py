@@ -195,7 +195,7 @@ def test_postgresql_version_and_connections(master, host_of, cluster):
 def test_database_role_password_is_the_configured_one(master, host_of, cluster):
     h = host_of(master)
     db = cluster.database
-    # The node's key for the keyed digest (roles/postgresql_role.py), read into memory only.
+    # The node's key for the keyed digest (roles/postgresql/db_role.py), read into memory only.
     key = hmac_key(h.file(DIGEST_KEY).content) if h.file(DIGEST_KEY).exists else None
     assert key is not None, f"{DIGEST_KEY} is missing or not 128 bytes"
     verifier = RoleVerifier().process(

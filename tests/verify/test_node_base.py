@@ -4,7 +4,7 @@ import fnmatch
 import json
 import shlex
 
-from deploy.firewall import foreign_rules
+from deploy.iptables import foreign_rules
 from tests.verify.matrix import P_SEEN
 
 

@@ -1,7 +1,7 @@
 """Checkpoint storage: MinIO up, the bucket in the right region, the master's keys work.
 
 Least privilege: the keys in master.yaml and the master's environment (so in every trial) are
-Determined's own MinIO user (storage.determined_user, deploy/minio_iam.py), confined to the
+Determined's own MinIO user (storage.determined_user, deploy/minio_admin.py), confined to the
 checkpoint bucket; MinIO's root keys are only in /etc/default/minio; the console listens
 where storage.console says.
 
@@ -39,7 +39,7 @@ from minio.credentials import StaticProvider
 from minio.error import MinioAdminException, S3Error
 from minio.minioadmin import MinioAdmin
 
-from deploy import minio_iam, minio_node, s3
+from deploy import minio_admin, minio_node, s3
 
 ENV_FILES = {
     "storage": ("/etc/default/minio",),
@@ -101,7 +101,7 @@ def test_minio_ready_from_controller(storage, cluster):
 def test_minio_ready_on_node(storage, host_of, cluster):
     port = cluster.storage.port
     if s3.secure(cluster):
-        # By the certificate's name, checked against the node's system store (roles/minio_tls.py).
+        # By the certificate's name, checked against the node's system store (roles/minio/tls.py).
         name = urlsplit(cluster.storage.endpoint_url).hostname
         where = f"--resolve {shlex.quote(f'{name}:{port}:127.0.0.1')} https://{name}:{port}"
     else:
@@ -206,10 +206,10 @@ def test_determined_user_and_policy_as_deployed(cluster):
     """The deploy's own reading through the admin API (root keys): nothing left to repair, for
     Determined's user and for pg-backup's (storage.backup_user)."""
     problems = []
-    for user in minio_iam.users(cluster.storage):
+    for user in minio_admin.users(cluster.storage):
         try:
-            problems += minio_iam.read_state(cluster, user).problems
-        except minio_iam.IamError as e:
+            problems += minio_admin.read_state(cluster, user).problems
+        except minio_admin.IamError as e:
             problems.append(str(e))
     assert not problems, "; ".join(problems)
 
@@ -261,7 +261,7 @@ def test_master_keys_confined_to_the_bucket(master_s3_env, cluster):
         admin.policy_list()
         code = "allowed"
     except MinioAdminException as e:
-        code = minio_iam.error_code(e)
+        code = minio_admin.error_code(e)
     assert code == "AccessDenied", (
         f"the trials' keys may use MinIO's admin API (list-canned-policies: {code})"
     )

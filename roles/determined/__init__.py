@@ -1,0 +1,3 @@
+"""Determined: the master, the agents and their per-domain units, users, TLS, the agents' Docker
+and the task images. Files: files/determined/.
+"""

@@ -1,0 +1,1 @@
+"""Every node's base: preflight checks, /etc/hosts, no firewall between nodes."""
