@@ -13,12 +13,14 @@ PEERMEM = "/etc/modules-load.d/nvidia-peermem.conf"  # GPUDirect RDMA's module, 
 # DKMS, so the running kernel's packages stay held and unattended-upgrades leaves them.
 # The packages of one kernel build (Ubuntu splits the modules out of the image).
 PER_RELEASE = ("linux-image-{}", "linux-headers-{}", "linux-modules-{}", "linux-modules-extra-{}")
-# What pulls a newer kernel in on an upgrade: Ubuntu's meta packages (GA and HWE).
+# What pulls a newer kernel in on an upgrade: Ubuntu's meta packages (GA and HWE), and Debian's
+# (linux-image-amd64 Depends on the current linux-image-<abi>-amd64; -cloud- for cloud images):
+# without them a Debian node's security update installs a kernel MLNX_OFED was not built for.
 META = tuple(
     f"linux-{kind}{track}"
     for kind in ("generic", "image-generic", "headers-generic")
     for track in ("", "-hwe-20.04", "-hwe-22.04")
-)
+) + tuple(f"linux-{kind}-{flavour}amd64" for kind in ("image", "headers") for flavour in ("", "cloud-"))
 UU_CONF = "/etc/apt/apt.conf.d/51gpu-cluster-kernel"
 
 

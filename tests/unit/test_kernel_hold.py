@@ -45,6 +45,21 @@ def test_hold_candidates_cover_the_build_and_the_metas():
         assert name in held
 
 
+def test_debian_kernel_metas_are_held_and_blacklisted():
+    """Debian's metas pull a new ABI's kernel in as Ubuntu's do (linux-image-amd64 Depends on
+    linux-image-<abi>-amd64): held and blacklisted too, and the next ABI's kernel is not."""
+    bookworm = "6.1.0-17-amd64"
+    held = kernel.hold_candidates(bookworm)
+    for name in (
+        f"linux-image-{bookworm}",
+        "linux-image-amd64",
+        "linux-headers-amd64",
+        "linux-image-cloud-amd64",
+    ):
+        assert name in held and blacklisted(bookworm, name)
+    assert not blacklisted(bookworm, "linux-image-6.1.0-18-amd64")
+
+
 def blacklisted(release: str, package: str) -> bool:
     return any(re.match(e, package) for e in kernel.uu_blacklist_entries(release))
 
