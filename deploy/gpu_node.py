@@ -8,6 +8,7 @@ from __future__ import annotations
 
 FABRICMANAGER = "nvidia-fabricmanager.service"
 PEERMEM = "/etc/modules-load.d/nvidia-peermem.conf"  # GPUDirect RDMA's module, loaded at boot
+PEERMEM_MODULE = "nvidia_peermem"  # its name in /sys/module (kmod takes '-' and '_' alike)
 
 # The kernel hold: MLNX_OFED's --add-kernel-support modules are built for one kernel, without
 # DKMS, so the running kernel's packages stay held and unattended-upgrades leaves them.

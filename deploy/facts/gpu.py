@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
@@ -108,3 +110,20 @@ class GpuPersistence(FactBase):
             if index.strip().isdigit() and mode.strip():
                 modes[int(index)] = mode.strip()
         return modes
+
+
+class ModuleState(FactBase):
+    """A kernel module's /sys/module/<name>/initstate: "live" once loaded, None when it is not.
+
+    pyinfra's KernelModules (and server.modprobe) read /proc/modules; /sys/module/<name> is the
+    kernel's own per-module entry (sysfs-module ABI: initstate is "live", "coming" or
+    "going"), present wherever modules load, and the one verify reads as well.
+    """
+
+    def command(self, module: str):
+        # Quoted although every caller passes a constant module name of the deploy's.
+        return f"cat {shlex.quote(f'/sys/module/{module}/initstate')} 2>/dev/null || true"
+
+    def process(self, output):
+        state = "\n".join(output).strip()
+        return state or None

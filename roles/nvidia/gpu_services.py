@@ -15,7 +15,14 @@ fabric manager: on a node whose GPUs sit on NVSwitches (deploy/facts/gpu.py NvSw
 With reboot: never and a new driver not loaded yet, the units are written and enabled but not
 started: the reboot the driver waits for starts them.
 peermem:   /etc/modules-load.d/nvidia-peermem.conf: GPUDirect RDMA's module loads at boot
-           (MLNX_OFED is on every node, installed before the driver: deploy/site.py).
+           (MLNX_OFED is on every node, installed before the driver: deploy/site.py), and
+           `modprobe nvidia-peermem` now when /sys/module/nvidia_peermem is not live: the
+           file alone turns it on only at the next boot. Not while a new driver waits for its
+           reboot: nvidia-peermem.ko is built for the new nvidia.ko, and inserting it beside
+           the old one fails ("disagrees about version of symbol"); that boot loads it.
+           A driver built before MLNX_OFED has an nvidia-peermem whose init fails with EINVAL
+           (no peer-memory symbols at build time: NVIDIA's nvidia-peermem.c), and modprobe's
+           "could not insert 'nvidia_peermem': Invalid argument" fails the host.
 """
 
 from __future__ import annotations
@@ -23,15 +30,15 @@ from __future__ import annotations
 from typing import cast
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
 from deploy.cluster import Cluster, Node
-from deploy.facts.gpu import GpuPersistence, NvSwitches
-from deploy.gpu_node import FABRICMANAGER, PEERMEM
+from deploy.facts.gpu import GpuPersistence, ModuleState, NvSwitches
+from deploy.gpu_node import FABRICMANAGER, PEERMEM, PEERMEM_MODULE
 from deploy.pins import driver_pins, fabricmanager_pins
 from roles.apt import cuda_repo as apt_pins
 from roles.apt.pinsets import not_at_pin
@@ -60,6 +67,15 @@ def persistence_on():
         host.noop("persistence mode is on for every GPU nvidia-smi lists")
         return
     yield "nvidia-smi -pm 1"
+
+
+@operation()
+def module_loaded(module: str):
+    """`modprobe MODULE` unless /sys/module/MODULE is live (deploy/facts/gpu.py ModuleState)."""
+    if host.get_fact(ModuleState, module=module) == "live":
+        host.noop(f"module {module} is loaded")
+        return
+    yield StringCommand("modprobe", QuoteString(module))
 
 
 def driver_waits_for_reboot(cluster: Cluster) -> bool:
@@ -148,3 +164,5 @@ def apply(cluster: Cluster, node: Node) -> None:
         dest=PEERMEM,
         mode="644",
     )
+    if start:
+        module_loaded(name="nvidia-peermem loaded (GPUDirect RDMA)", module=PEERMEM_MODULE)

@@ -133,6 +133,44 @@ def write_session_tuning(root: Path) -> None:
     _write(root / LOGIND_TUNING_FILE, LOGIND_TUNING)
 
 
+# Lab only: the node's kernel modules (tests/lab/standins/kernel/kmod.py): its own /sys/module
+# from early boot, a modprobe ahead of kmod's in PATH for the stand-in drivers' modules, and
+# what systemd-modules-load.service does on a real node (skipped in a container, which lacks
+# CAP_SYS_MODULE).
+KMOD = "usr/local/lib/dtlab/kmod.py"
+KMOD_UNITS = {
+    "dtlab-kmod.service": (
+        "sysinit.target",
+        "[Unit]\nDescription=Lab: this node's /sys/module\nDefaultDependencies=no\n"
+        "After=local-fs.target\nBefore=sysinit.target\n\n"
+        f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/bin/python3 /{KMOD} setup\n"
+        # The cgroup set-up failure (219/CGROUP) nvidia-module-load.service retries as well.
+        "Restart=on-failure\nRestartSec=1\n\n[Install]\nWantedBy=sysinit.target\n",
+    ),
+    "dtlab-modules-load.service": (
+        "multi-user.target",
+        "[Unit]\nDescription=Lab: load the modules in modules-load.d\nDefaultDependencies=no\n"
+        "After=local-fs.target dtlab-kmod.service\nBefore=multi-user.target\n\n"
+        f"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/bin/python3 /{KMOD} modules-load\n"
+        "Restart=on-failure\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n",
+    ),
+}
+
+
+def write_lab_kernel(root: Path) -> None:
+    from .standins.kernel import kmod
+
+    _write(root / KMOD, Path(kmod.__file__).read_text(), 0o755)
+    wrapper = f'#!/bin/sh\nexec /usr/bin/python3 /{KMOD} modprobe "$@"\n'
+    _write(root / "usr/local/sbin/modprobe", wrapper, 0o755)
+    for unit, (target, text) in KMOD_UNITS.items():
+        _write(root / "etc/systemd/system" / unit, text)
+        wants = root / "etc/systemd/system" / f"{target}.wants" / unit
+        wants.parent.mkdir(parents=True, exist_ok=True)
+        if not wants.is_symlink():
+            wants.symlink_to(f"/etc/systemd/system/{unit}")
+
+
 def seed_node(node: LabNode, public_key: str, lab_files: dict[str, str]) -> None:
     """Give a node what a freshly racked server has: a name, an identity, our SSH key."""
     root = node.root
@@ -150,6 +188,7 @@ def seed_node(node: LabNode, public_key: str, lab_files: dict[str, str]) -> None
         _write(root / "etc/dtlab" / rel, text)
     write_package_tuning(root)
     write_session_tuning(root)
+    write_lab_kernel(root)
     # What the server has as delivered beyond the base (lab-hardware.yaml: `network: netplan`).
     from .nodes import preinstall
 

@@ -19,13 +19,13 @@ import pytest
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
 
-from deploy.facts.gpu import GpuPersistence, NvSwitches, nvswitch_command, parse_nvswitches
+from deploy.facts.gpu import GpuPersistence, ModuleState, NvSwitches, nvswitch_command, parse_nvswitches
 from deploy.pins import PinError, driver_pins, fabricmanager_pins
 from roles.apt import pinsets as apt_pinsets
 from roles.nvidia import gpu_services
 from roles.shared.templates import files_path
 from tests.lab import mirror
-from tests.unit.optest import on_host, run_op
+from tests.unit.optest import on_host, run_op, shown
 
 # What /sys/bus/pci/devices/*/{vendor,class} read on an HGX A100 board (NVSwitch 10de:1af1,
 # class 0x068000), next to its GPUs (0x030200), a ConnectX NIC and an Intel bridge that shares
@@ -272,3 +272,24 @@ def test_persistence_on_only_when_a_gpu_is_off():
     # no driver: the daemon's start sets it
     commands, _ = run_op(gpu_services.persistence_on, {GpuPersistence: {}})
     assert commands == []
+
+
+@pytest.mark.parametrize(
+    ("state", "commands"),
+    [
+        ("live", []),
+        (None, ["modprobe nvidia_peermem"]),  # not loaded (no entry in /sys/module)
+        ("coming", ["modprobe nvidia_peermem"]),  # its init has not finished
+    ],
+)
+def test_peermem_loaded_now_unless_live(state, commands):
+    got, _ = run_op(gpu_services.module_loaded, {ModuleState: state}, module="nvidia_peermem")
+    assert [shown(c) for c in got] == commands
+
+
+def test_module_state_reads_the_kernels_entry():
+    fact = ModuleState()
+    command = fact.command(module="nvidia_peermem")
+    assert command == "cat /sys/module/nvidia_peermem/initstate 2>/dev/null || true"
+    assert fact.process(["live"]) == "live"
+    assert fact.process([]) is None

@@ -52,7 +52,7 @@ from deploy.facts.apt import AptRepoVersions, HeldPackages
 from deploy.facts.determined import DomainAgents, Instance
 from deploy.facts.determined_users import MasterUsers
 from deploy.facts.fabric import OfedRelease
-from deploy.facts.gpu import GpuMigModes, GpuPersistence, GpuTopology, NvSwitches
+from deploy.facts.gpu import GpuMigModes, GpuPersistence, GpuTopology, ModuleState, NvSwitches
 from deploy.facts.keyring import KeptKeyring
 from deploy.facts.postgresql import RoleVerifier
 from deploy.facts.system import (
@@ -581,7 +581,8 @@ def images_deployed(cluster, node, cold) -> Facts:
 def gpu_fresh(switches: list[str]) -> Callable:
     def facts(cluster, node) -> dict:
         # nvidia-smi has no driver yet: no GPU listed (the daemon's start sets persistence).
-        return {**fresh(cluster, node), GpuPersistence: {}, NvSwitches: switches}
+        # No nvidia-peermem in /sys/module: the driver's reboot loaded only what it had then.
+        return {**fresh(cluster, node), GpuPersistence: {}, NvSwitches: switches, ModuleState: None}
 
     return facts
 
@@ -590,7 +591,12 @@ def gpu_deployed(switches: list[str]) -> Callable:
     def facts(cluster, node, cold) -> Facts:
         facts = deployed(cluster, node, cold)
         facts.table.update(
-            {GpuPersistence: {0: "Enabled", 1: "Enabled"}, NvSwitches: switches, Link: links(cold)}
+            {
+                GpuPersistence: {0: "Enabled", 1: "Enabled"},
+                NvSwitches: switches,
+                Link: links(cold),
+                ModuleState: "live",
+            }
         )
         return facts
 
@@ -711,7 +717,10 @@ PERSISTENCED = {
     "Restart nvidia-persistenced with persistence mode": ["nvidia-persistenced.service"],
     "nvidia-persistenced running": ["systemctl start nvidia-persistenced.service"],
 }
-PEERMEM = {"nvidia-peermem loads at boot (GPUDirect RDMA)": ["/etc/modules-load.d/nvidia-peermem.conf"]}
+PEERMEM = {
+    "nvidia-peermem loads at boot (GPUDirect RDMA)": ["/etc/modules-load.d/nvidia-peermem.conf"],
+    "nvidia-peermem loaded (GPUDirect RDMA)": ["modprobe nvidia_peermem"],
+}
 
 CASES = [
     Case(

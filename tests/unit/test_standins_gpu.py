@@ -262,7 +262,8 @@ def test_driver_module_unit_and_version_file(unpack):
     unit = (dkms / "lib/systemd/system/nvidia-module-load.service").read_text()
     assert unit.splitlines()[0].startswith("# Stands in for")
     assert "Type=oneshot" in unit and "WantedBy=multi-user.target" in unit
-    assert "ExecStart=/usr/lib/nvidia-standin/load-module" in unit
+    # The lab's modprobe (tests/lab/standins/kernel/kmod.py) runs load-module for nvidia.
+    assert "ExecStart=/usr/local/sbin/modprobe nvidia" in unit
     loader = (dkms / "usr/lib/nvidia-standin/load-module").read_text()
     assert "/run/nvidia-standin/loaded-version" in loader
     loader_path = dkms / "usr/lib/nvidia-standin/load-module"

@@ -87,6 +87,14 @@ HINTS: dict[str, Hint] = {
         REDEPLOY + "; `modinfo nvidia-peermem` on {node} (missing: the driver was built before "
         "MLNX_OFED, reinstall the driver packages)",
     ),
+    "test_nvidia_peermem_loaded": Hint(
+        "nvidia-peermem is not loaded now: NCCL falls back from GPUDirect RDMA to copies "
+        "through host memory until it is",
+        REDEPLOY + " (it runs `modprobe nvidia-peermem`); on {node}, modprobe's \"could not "
+        "insert 'nvidia_peermem': Invalid argument\" means the driver was built before "
+        "MLNX_OFED (reinstall nvidia-dkms-<branch>), a version other than the driver's means "
+        "its reboot is owed",
+    ),
     "test_no_driver_reboot_pending": Hint(
         "a new driver is installed but the old kernel module is still loaded",
         "reboot {node} (`cat /run/reboot-required.pkgs`), then verify again",

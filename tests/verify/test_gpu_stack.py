@@ -80,6 +80,18 @@ def test_nvidia_peermem_loads_at_boot(agent, host_of):
     assert "nvidia-peermem" in [line.strip() for line in conf.content_string.splitlines()]
 
 
+def test_nvidia_peermem_loaded(agent, host_of, cluster):
+    # The kernel's own entry for the running module (sysfs-module ABI): initstate "live", and
+    # version the driver's (nvidia-peermem.c: MODULE_VERSION(NV_VERSION_STRING)).
+    entry = f"/sys/module/{gpu_node.PEERMEM_MODULE}"
+    h = host_of(agent)
+    state = h.file(f"{entry}/initstate")
+    assert state.exists, f"{entry} is missing: nvidia-peermem is not loaded"
+    assert state.content_string.strip() == "live", f"{entry}/initstate: {state.content_string.strip()}"
+    version = h.file(f"{entry}/version").content_string.strip()
+    assert version == cluster.versions.nvidia_driver, f"{entry}/version: {version}"
+
+
 def test_cuda_link_resolves_to_pinned_toolkit(agent, host_of, cluster):
     resolved = host_of(agent).check_output(f"readlink -e {CUDA_LINK}")
     assert resolved == cuda_home(cluster.versions.cuda)

@@ -205,6 +205,18 @@ def build_driver_release(ctx, branch: str, version: str, cuda_version: str) -> N
 set -e
 if [ "$1" = configure ]; then
     echo "Building initial module for $(uname -r)"
+    # DKMS installs the branch's modules into updates/dkms/ (Ubuntu's dkms); the stand-in .ko
+    # holds the version it was built for and, for nvidia-peermem, whether MLNX_OFED's
+    # peer-memory symbols were there to build against (NVIDIA's conftest: without them its
+    # init returns -EINVAL). tests/lab/standins/kernel/kmod.py "loads" them.
+    dir="/lib/modules/$(uname -r)/updates/dkms"
+    mkdir -p "$dir"
+    for m in nvidia nvidia-uvm nvidia-modeset nvidia-drm; do echo {version} > "$dir/$m.ko"; done
+    if ls -d /usr/src/mlnx-ofed-kernel-* >/dev/null 2>&1; then
+        printf '%s\npeer-memory\n' {version} > "$dir/nvidia-peermem.ko"
+    else
+        echo {version} > "$dir/nvidia-peermem.ko"
+    fi
     echo "Done. (lab stand-in: nvidia {version} loads at the next boot)"
     if command -v systemctl >/dev/null 2>&1; then
         # --root only when dpkg runs chrootless into another root (DPKG_ROOT set)
@@ -220,6 +232,11 @@ exit 0
 set -e
 if [ "$1" = remove ] && command -v systemctl >/dev/null 2>&1; then
     systemctl ${{DPKG_ROOT:+--root=$DPKG_ROOT}} disable {MODULE_UNIT} >/dev/null 2>&1 || true
+fi
+if [ "$1" = remove ] || [ "$1" = upgrade ]; then
+    for m in nvidia nvidia-uvm nvidia-modeset nvidia-drm nvidia-peermem; do
+        rm -f "/lib/modules/$(uname -r)/updates/dkms/$m.ko"
+    done
 fi
 exit 0
 """
