@@ -8,9 +8,12 @@ or raises `ClusterError` with every problem found, one line each:
 
 Secret values never appear in a problem or a repr (see deploy/secrets.py).
 
-    model.py    the dataclasses; each field declares its key: type, check, default, description;
-                the values derived from the keys (Cluster.trial_endpoint, Cluster.task_refs,
-                Storage.determined_secret / backup_secret), computed once as the model is built
+    model.py    `Cluster`, composed of the sections, each a dataclass in its own module (ssh.py,
+                network.py, preflight_keys.py, nodes.py, versions.py, sources.py,
+                storage_keys.py, database.py, determined.py, hardware.py) whose fields declare
+                their keys: type, check, default, description; the values derived from the
+                keys (Cluster.trial_endpoint, Cluster.task_refs, Storage.determined_secret /
+                backup_secret), computed once as the model is built
     keys.py     the key table's machinery: allowed keys, defaults, reading a section, doc rows
     loader.py   PyYAML read as YAML 1.2 with limits (depth, alias expansion); YAML 1.1 surprises
     reader.py   YAML with positions, duplicate keys, problems, unknown keys ("did you mean")

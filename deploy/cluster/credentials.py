@@ -1,4 +1,4 @@
-"""The logins of the site mirror and the apt proxy: optional secrets of `sources` (model.py).
+"""The logins of the site mirror and the apt proxy: optional secrets of `sources` (sources.py).
 
 Each is `user:password` in a secret file or variable, never in a URL (checks.url refuses
 userinfo): roles/apt/proxy.py writes them into root-only files that apt and curl read.

@@ -1,6 +1,6 @@
 """Node classes: what an agent node's hardware is expected to be, per preset.
 
-A preset fills every `hardware.*` key cluster.yaml does not write (deploy/cluster/model.py,
+A preset fills every `hardware.*` key cluster.yaml does not write (this module,
 `Hardware`); tests/verify/test_health.py checks the nodes against the result.
 
 Sources of the numbers:
@@ -20,7 +20,7 @@ Sources of the numbers:
 """
 
 # No `from __future__ import annotations`: Hardware's keys are its annotations, read once
-# (keys.specs), as in deploy/cluster/model.py.
+# (keys.specs), as in every section module of deploy/cluster.
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -103,7 +103,7 @@ def preset_key(check_: Check[Any], doc: str) -> Key:
 
 
 # The keys of `hardware` (a section of cluster.yaml, and a node's own): here beside their
-# presets and checks, to keep deploy/cluster/model.py short.
+# presets and checks: the section's module (model.py composes the sections).
 @dataclass(frozen=True)
 class Hardware:
     """What an agent node is expected to have (tests/verify/test_health.py checks it)."""

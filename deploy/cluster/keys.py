@@ -1,6 +1,7 @@
 """The key table: how a model field says which cluster.yaml key it is read from.
 
-Every key is declared once, on its field in deploy/cluster/model.py, as `Annotated[type, spec]`:
+Every key is declared once, on its field in its section's module (deploy/cluster/<section>.py,
+see model.py), as `Annotated[type, spec]`:
 
     port: Annotated[int, Key(checks.port, 9000, "MinIO's S3 API port")]
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from deploy.cluster.checks import Check
+from deploy.cluster.checks import Check, version
 from deploy.cluster.reader import REQUIRED, Map
 
 
@@ -232,3 +233,8 @@ def rows(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
             yield path, f"`{{url, sha256}}`, url with {url}", shown_default(spec), spec.doc
         else:
             yield path, spec.rule, shown_default(spec), spec.doc
+
+
+def pinned(value: str, doc: str, pattern: str = r"\d+\.\d+\.\d+", rule: str = "`N.N.N`") -> Key:
+    """A version key whose default is also the example in its problems."""
+    return Key(version(value, pattern, rule), value, doc)

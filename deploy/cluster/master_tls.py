@@ -1,4 +1,4 @@
-"""determined.tls: optional TLS for the Determined master, declared here to keep model.py short.
+"""determined.tls: optional TLS for the Determined master (a sub-section of determined.Determined).
 
     determined:
       tls:

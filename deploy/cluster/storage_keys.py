@@ -1,11 +1,12 @@
-"""Some storage.* keys of deploy/cluster/model.py, declared here to keep model.py short.
+"""cluster.yaml's `storage` section (MinIO, its bucket, users and TLS): the `Storage` model and
+the specs of its keys that need more than a line.
 
 `console`: where MinIO's web console listens. `determined_user`: the bucket-only MinIO user
 Determined signs with (deploy/minio_admin.py); its name follows MinIO's access key rules
 (minio/minio internal/auth/credentials.go: 3 to 20 characters, none of the reserved `=,`).
 `endpoint_url`: computed https when storage.tls is set (deploy/cluster/storage_tls.py).
 `determined_secret_key`, `backup_secret_key`: optional secrets of those users; unset, each is
-derived from the root password (user_secrets, below: the model's Storage.determined_secret and
+derived from the root password (user_secrets, below: Storage.determined_secret and
 backup_secret, which every consumer reads).
 """
 
@@ -13,10 +14,11 @@ import base64
 import functools
 import hashlib
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
-from deploy.cluster import checks
-from deploy.cluster.keys import Computed, Key, SecretKey
+from deploy.cluster import checks, storage_tls
+from deploy.cluster.keys import Computed, Key, Required, SecretKey
 from deploy.secrets import Secret, SecretRef
 
 CONSOLE = Key(
@@ -124,3 +126,72 @@ def user_secrets(storage: Any) -> dict[str, Secret | None]:
         ),
         "backup_secret": _user_secret(storage.backup_secret_key, storage.secret_key, storage.backup_user),
     }
+
+
+@dataclass(frozen=True)
+class Storage:
+    host: Annotated[
+        str,
+        Key(
+            checks.hostname,
+            Computed("`master_host`"),
+            "hostname of a declared node; that node gets the `storage` role and runs MinIO",
+        ),
+    ]
+    bucket: Annotated[
+        str,
+        Key(
+            checks.bucket,
+            Required("the S3 bucket for checkpoints"),
+            "the bucket for Determined's checkpoints",
+        ),
+    ]
+    region: Annotated[
+        str,
+        Key(
+            checks.matching(
+                r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "a region name like 'us-east-1'", rule="region name"
+            ),
+            "us-east-1",
+            "MinIO's site region and every S3 client's signing region (see below)",
+        ),
+    ]
+    port: Annotated[int, Key(checks.port, 9000, "MinIO's S3 API port")]
+    console_port: Annotated[int, Key(checks.port, 9001, "MinIO's console port; not `storage.port`")]
+    console: Annotated[str, CONSOLE]
+    data_dir: Annotated[str, Key(checks.abs_path, "/mnt/data", "where MinIO keeps the objects; not `/`")]
+    data_on_root_disk: Annotated[
+        bool,
+        Key(
+            checks.boolean,
+            False,
+            "`true` lets MinIO keep its objects on the root disk; `false`: `data_dir` must be a "
+            "mount point (preflight refuses the storage node otherwise, and MinIO's unit will not "
+            "start without that mount)",
+        ),
+    ]
+    endpoint_url: Annotated[str, ENDPOINT_URL]
+    prefix: Annotated[str | None, Key(checks.key_prefix, None, "object key prefix for checkpoints")]
+    access_key: Annotated[
+        Secret,
+        SecretKey("MinIO's root user (S3 access key)", "MinIO's root user (S3 access key); ≥ 3 characters"),
+    ]
+    secret_key: Annotated[
+        Secret,
+        SecretKey(
+            "MinIO's root password (S3 secret key)", "MinIO's root password (S3 secret key); ≥ 8 characters"
+        ),
+    ]
+    determined_user: Annotated[str, DETERMINED_USER]
+    backup_user: Annotated[str, BACKUP_USER]
+    determined_secret_key: Annotated[Secret | None, DETERMINED_SECRET_KEY]
+    backup_secret_key: Annotated[Secret | None, BACKUP_SECRET_KEY]
+    tls: Annotated[storage_tls.StorageTls, storage_tls.SECTION]
+    # Not keys: the secret keys of determined_user and backup_user, each the one given above or
+    # derived from secret_key (user_secrets), once, here; every consumer reads these.
+    determined_secret: Secret = field(init=False, repr=False, compare=False)
+    backup_secret: Secret = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, secret in user_secrets(self).items():
+            object.__setattr__(self, name, secret)  # frozen: set once, as __init__ sets a field

@@ -1,4 +1,4 @@
-"""storage.tls: optional TLS for MinIO's S3 API, declared here to keep model.py short.
+"""storage.tls: optional TLS for MinIO's S3 API (a sub-section of storage_keys.Storage).
 
     storage:
       tls:

@@ -8,7 +8,10 @@ and a repository that stands alone.
 - The shared layer imports no service package; no module outside a package imports that
   package's underscore-private names; no module under deploy/ has the name of one under roles/.
 - A role module (each module of each package) reads in five minutes: at most ROLE_LINES lines.
-- The cluster model's modules: at most MODEL_LINES lines each.
+- The cluster model's modules: at most MODEL_LINES lines each; each cluster.yaml section's keys
+  are declared in that section's module, deploy/cluster/<section>.py or <section>_keys.py
+  (`_keys` where a role module has the section's name; its sub-sections there or in a module
+  it imports), and model.py only composes them into `Cluster`.
 - Only the extension module (deploy/pyinfra_ext*) imports a pyinfra name that starts with an
   underscore or replaces an attribute of something imported from pyinfra; everything else uses
   pyinfra's documented API, so an upgrade breaks in one known place.
@@ -59,6 +62,51 @@ def test_cluster_model_modules_are_short():
         _rel(p): n for p in model if p.exists() and (n := len(p.read_text().splitlines())) > MODEL_LINES
     }
     assert not too_long, f"cluster model modules over {MODEL_LINES} lines: {too_long}"
+
+
+def _section_types() -> dict[str, type]:
+    """cluster.yaml's top-level sections (mappings and the `nodes` list) -> their dataclass."""
+    import dataclasses
+    import typing
+
+    from deploy.cluster.model import Cluster
+
+    found: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(Cluster, include_extras=True).items():
+        if typing.get_origin(hint) is not typing.Annotated:
+            continue  # not a key: `path`, the derived values
+        kind = typing.get_args(hint)[0]
+        # nodes: tuple[Node, ...]
+        kind = typing.get_args(kind)[0] if typing.get_origin(kind) is tuple else kind
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            found[name] = kind
+    return found
+
+
+def _declared_outside_their_module(sections: dict[str, type]) -> list[str]:
+    return [
+        f"cluster.yaml's `{name}` keys are declared in {kind.__module__}, not deploy.cluster.{name}"
+        for name, kind in sections.items()
+        if kind.__module__ not in (f"deploy.cluster.{name}", f"deploy.cluster.{name}_keys")
+    ]
+
+
+def test_each_section_declares_its_keys_in_its_own_module():
+    sections = _section_types()
+    # Every section the docs list is seen (a renamed field would otherwise escape the rule).
+    assert {"ssh", "network", "preflight", "nodes", "versions", "sources", "storage"} <= set(sections)
+    assert {"database", "determined", "hardware"} <= set(sections)
+    assert _declared_outside_their_module(sections) == []
+
+
+def test_the_section_module_detector_sees_what_it_must():
+    from deploy.cluster.storage_keys import Storage
+
+    [problem] = _declared_outside_their_module({"database": Storage})
+    assert problem == (
+        "cluster.yaml's `database` keys are declared in deploy.cluster.storage_keys, "
+        "not deploy.cluster.database"
+    )
 
 
 def _pyinfra_private_uses(tree: ast.AST) -> list[str]:
