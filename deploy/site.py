@@ -19,7 +19,7 @@ from roles.determined import agent as determined_agent
 from roles.determined import docker, task_images
 from roles.determined import master as determined_master
 from roles.determined import users as determined_users
-from roles.fabric import ipoib, mofed
+from roles.fabric import ipoib, mofed, opensm
 from roles.minio import server as minio
 from roles.minio import tls as minio_tls
 from roles.node import firewall, hosts, preflight
@@ -55,6 +55,8 @@ def run() -> None:
     # After the fabric's stack: the IPoIB interface exists only once ib_ipoib is loaded, which
     # on a bare node MLNX_OFED's openibd does (no rdma-core udev rules before it).
     ipoib.apply(cluster=cluster, node=node)
+    # After MLNX_OFED, which installs opensm: on network.subnet_manager's node only.
+    opensm.apply(cluster=cluster, node=node)
     if "agent" in roles:
         nvidia_driver.apply(cluster=cluster, node=node)
     if "agent" in roles:

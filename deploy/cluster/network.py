@@ -80,3 +80,14 @@ class Network:
             "NCCL_IB_HCA for every trial (the fabric's HCAs, not a storage one); unset: NCCL uses every HCA",
         ),
     ]
+    # One InfiniBand subnet needs one master SM (MLNX_OFED user manual, "OpenSM"); unset: the
+    # switch or UFM runs it. Every node is on the fabric (each has an ipoib_address).
+    subnet_manager: Annotated[
+        str | None,
+        Key(
+            checks.hostname,
+            None,
+            "hostname of a declared node that runs MLNX_OFED's opensm (opensmd); unset: the "
+            "fabric's subnet manager runs elsewhere (a managed switch, UFM)",
+        ),
+    ]

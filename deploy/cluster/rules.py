@@ -129,6 +129,14 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
                 continue  # the default, master_host: already reported if wrong
             if name is not None and name not in hostnames:
                 r.bad(key, name, "not the hostname of a node under nodes" + did_you_mean(name, hostnames))
+        sm = network.subnet_manager
+        if sm is not None and sm not in hostnames:  # every node has the fabric (ipoib_address)
+            r.bad(
+                "network.subnet_manager",
+                sm,
+                "not the hostname of a node under nodes (the node that runs opensm)"
+                + did_you_mean(sm, hostnames),
+            )
         if master_host in hostnames and storage_host in hostnames:
             # Otherwise a node's missing role is only a consequence of the wrong name.
             for key, raw_roles in roleless:
@@ -179,7 +187,12 @@ def _network(r: Reader, top: Map) -> Network:
             "above 4092, the most IPoIB datagram mode carries (IB MTU 4096 less its 4-byte "
             "header): set network.ipoib.mode: connected (up to 65520) or a smaller MTU",
         )
-    return Network(management=management, ipoib=IpoibNetwork(**ib), nccl_ib_hca=own["nccl_ib_hca"])
+    return Network(
+        management=management,
+        ipoib=IpoibNetwork(**ib),
+        nccl_ib_hca=own["nccl_ib_hca"],
+        subnet_manager=own["subnet_manager"],
+    )
 
 
 _ARTIFACT_KEYS = tuple(f.name for f in dataclasses.fields(Artifact))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pyinfra.api import FactBase
 
 
@@ -50,3 +52,31 @@ def parse_ibstat(lines) -> dict[tuple[str, int], dict[str, str]]:
         else:
             port = None
     return ports
+
+
+# rdma-core infiniband-diags/sminfo.c: on success one line,
+#   printf("sminfo: sm lid %d sm guid 0x%" PRIx64 ", activity count %u priority %d state %d %s\n", ...)
+# with the state's name from SMINFO_NOTACT, SMINFO_DISCOVER, SMINFO_STANDBY, SMINFO_MASTER; when no
+# SM answers, ibexit() (infiniband-diags/ibdiag_common.c) prints "sminfo: iberror: failed: query"
+# (or "... can't resolve sm port ...") on stdout and exits -1 (status 255).
+SMINFO_LINE = re.compile(
+    r"sminfo: sm lid (?P<lid>\d+) sm guid (?P<guid>0x[0-9a-fA-F]+), activity count (?P<activity>\d+) "
+    r"priority (?P<priority>\d+) state (?P<state>\d+) (?P<name>\S+)"
+)
+SMINFO_FAILED = re.compile(r"^\S*sminfo: iberror: (?:\[pid \d+\] \S+: )?failed: (?P<why>.*)$", re.M)
+
+
+def parse_sminfo(output: str) -> dict[str, str | int] | None:
+    """`sminfo` -> {"lid": 1, "guid": "0x...", "activity": 42, "priority": 0, "state": 3,
+    "name": "SMINFO_MASTER"}; a failure -> {"failed": "query"}; anything else -> None."""
+    found = SMINFO_LINE.search(output)
+    if found:
+        fields: dict[str, str | int] = {
+            k: int(v) if k in ("lid", "activity", "priority", "state") else v
+            for k, v in found.groupdict().items()
+        }
+        return fields
+    failed = SMINFO_FAILED.search(output)
+    if failed:
+        return {"failed": failed["why"].strip()}
+    return None

@@ -81,6 +81,7 @@ def cluster_yaml(size: int, octet: int) -> str:
         )
     text = head + "nodes:\n" + "".join(nodes) + tail
     text = text.replace("master_host: lab-master", f"master_host: b{size}-master")
+    text = text.replace("subnet_manager: lab-master", f"subnet_manager: b{size}-master")
     text = text.replace(f"http://10.77.0.1:{MIRROR_PORT}/", f"http://10.77.0.1:{APT_PROXY_PORT}/labmirror/")
     text = text.replace(f"registry: 10.77.0.1:{registry.PORT}", f"registry: 10.77.0.1:{registry.CACHE_PORT}")
     return text.replace("10.77.0.", f"10.77.{octet}.").replace("10.78.0.", f"10.78.{octet}.")

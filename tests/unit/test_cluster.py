@@ -684,3 +684,23 @@ def test_nccl_ib_hca_is_nccls_syntax_or_one_line_naming_it(tmp_path, corpus_env,
         assert [p for p in e.value.problems if "network.nccl_ib_hca" in p and "like mlx5_0:1" in p], (
             e.value.problems
         )
+
+
+# --- network.subnet_manager ----------------------------------------------------------------------
+
+
+def test_subnet_manager_names_a_declared_node(tmp_path, monkeypatch):
+    for name in ("DTTEST_ACCESS_KEY", "DTTEST_SECRET_KEY", "DTTEST_DB_PASSWORD", "DTTEST_ADMIN_PASSWORD"):
+        monkeypatch.setenv(name, "Passw0rd-Long-Enough")
+    assert load_cluster(write(tmp_path, MINIMAL)).network.subnet_manager is None
+    with_sm = MINIMAL.replace(
+        "ipoib: {subnet: 198.51.100.0/24}}", "ipoib: {subnet: 198.51.100.0/24}, subnet_manager: a1}"
+    )
+    assert load_cluster(write(tmp_path, with_sm)).network.subnet_manager == "a1"
+    path = write(tmp_path, with_sm.replace("subnet_manager: a1", "subnet_manager: a2"))
+    with pytest.raises(ClusterError) as err:
+        load_cluster(path)
+    assert err.value.problems == [
+        f"{path}: network.subnet_manager: 'a2': not the hostname of a node under nodes (the node "
+        "that runs opensm)"
+    ]

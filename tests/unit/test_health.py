@@ -293,3 +293,37 @@ def test_ib_ports_row_reads_infiniband_ports_only(state, passes):
     else:
         with pytest.raises(AssertionError, match="mlx5_0 port 1: State Initializing"):
             test_ib_ports_active(None, lambda node: host)
+
+
+# --- sminfo (rdma-core infiniband-diags/sminfo.c and ibdiag_common.c ibexit) ---------------------
+
+
+def test_parse_sminfo_master_line():
+    from deploy.facts.fabric import parse_sminfo
+
+    out = (
+        "sminfo: sm lid 1 sm guid 0xb8599f0300a0a0a0, activity count 4711 priority 0 state 3 SMINFO_MASTER\n"
+    )
+    assert parse_sminfo(out) == {
+        "lid": 1,
+        "guid": "0xb8599f0300a0a0a0",
+        "activity": 4711,
+        "priority": 0,
+        "state": 3,
+        "name": "SMINFO_MASTER",
+    }
+    assert (
+        parse_sminfo(out.replace("state 3 SMINFO_MASTER", "state 2 SMINFO_STANDBY"))["name"]
+        == "SMINFO_STANDBY"
+    )
+
+
+def test_parse_sminfo_failures():
+    from deploy.facts.fabric import parse_sminfo
+
+    assert parse_sminfo("sminfo: iberror: failed: query\n") == {"failed": "query"}
+    assert parse_sminfo("/usr/sbin/sminfo: iberror: [pid 812] main: failed: query\n") == {"failed": "query"}
+    assert parse_sminfo("ibwarn: x\nsminfo: iberror: failed: can't resolve sm port (null)\n") == {
+        "failed": "can't resolve sm port (null)"
+    }
+    assert parse_sminfo("bash: sminfo: command not found\n") is None

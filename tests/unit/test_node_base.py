@@ -169,6 +169,7 @@ def test_plan_follows_the_articles_checklist():
         # IPoIB after MLNX_OFED (the article has it before): the interface exists only once
         # openibd has loaded ib_ipoib on a bare node.
         ("ipoib", None),
+        ("opensm", None),  # after MLNX_OFED, which installs opensm; acts on network.subnet_manager's node
         ("nvidia_driver", "agent"),
         ("gpu_services", "agent"),
         ("cuda", "agent"),

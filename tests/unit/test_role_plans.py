@@ -18,6 +18,7 @@ controller talks to (MinIO's admin API) are facts of the case too (Case.controll
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -81,7 +82,7 @@ from roles.determined import agent as determined_agent
 from roles.determined import docker, task_images
 from roles.determined import master as determined_master
 from roles.determined import users as determined_users
-from roles.fabric import ipoib, mofed
+from roles.fabric import ipoib, mofed, opensm
 from roles.fabric.ipoib import ARPHRD_INFINIBAND
 from roles.minio import server as minio
 from roles.minio import tls as minio_tls
@@ -92,6 +93,7 @@ from roles.postgresql import backup as pg_backup
 from roles.postgresql import db_role as postgresql_role
 from roles.postgresql import server as postgresql
 from roles.shared import kernel
+from tests.lab.standins.mofed.build import OPENSM_VERSION
 from tests.unit.optest import Facts, Planned, changing, plan, shown
 from tests.unit.test_cluster import lab_copy
 
@@ -437,6 +439,26 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
         }
     )
     return Facts(table, files={path: e["content"] for path, e in files.items()})
+
+
+# --- roles/fabric/opensm.py: MLNX_OFED installed opensm, opensmd not enabled (as the package leaves it)
+
+
+def opensm_fresh(cluster, node) -> dict:
+    facts = fresh(cluster, node)
+    facts[DebPackages] = {**BASE_PACKAGES, "opensm": [OPENSM_VERSION]}
+    return facts
+
+
+def opensm_on(cluster, node, cold=None) -> Facts:
+    return Facts(
+        {
+            **opensm_fresh(cluster, node),
+            UnitState: lambda **_: ("active", "enabled"),
+            SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
+            SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
+        }
+    )
 
 
 # --- roles/fabric/ipoib.py: ib0 there (MLNX_OFED loaded ib_ipoib), not configured -------------------
@@ -1010,7 +1032,7 @@ CASES = [
             "Download MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz (sha256 checked)": [
                 "shared/fetch-verified.sh",
                 "http://10.77.0.1:8077/mofed/MLNX_OFED_LINUX-5.8-3.0.7.0-debian12-x86_64.tgz",
-                "95ac0d387e42bf5ed6db5244351f7f3168f228acb1a9b52db245d3d2aa6938d4",
+                "ec0b120a320b206076d8308b3198a31fa9055b91db3d9c19337163437523028a",
             ],
             "Refresh apt lists for MLNX_OFED prerequisites": ["shared/apt-update.sh"],
             "Install MLNX_OFED prerequisites": ["install", "python3", "pciutils"],
@@ -1025,6 +1047,18 @@ CASES = [
             "unattended-upgrades leaves the kernel alone": [
                 "/etc/apt/apt.conf.d/51gpu-cluster-kernel",
                 KERNEL,
+            ],
+        },
+    ),
+    Case(
+        opensm,
+        "lab-master",  # the lab's network.subnet_manager
+        opensm_fresh,
+        opensm_on,
+        {
+            "opensmd enabled and running (the fabric's subnet manager)": [
+                "systemctl start opensmd.service",
+                "systemctl enable opensmd.service",
             ],
         },
     ),
@@ -1269,3 +1303,27 @@ def test_a_drifted_node_gets_only_the_repair(lab, monkeypatch, role, node, fresh
     n = lab.node(node)
     cold = plan(role.apply, fresh_facts(lab, n), cluster=lab, node=n)
     assert changing(plan(role.apply, drifted(lab, n, cold), cluster=lab, node=n)) == repaired
+
+
+# --- roles/fabric/opensm.py off the subnet manager's node, and without its package -----------------
+
+
+def test_opensm_stays_off_elsewhere_and_is_stopped_where_left_on(lab):
+    node = lab.node("lab-gpu1")
+    assert changing(plan(opensm.apply, opensm_fresh(lab, node), cluster=lab, node=node)) == []
+    left_on = [p for p in plan(opensm.apply, opensm_on(lab, node), cluster=lab, node=node) if p.changes]
+    [op] = left_on
+    assert "lab-master runs the subnet manager" in op.name
+    assert "systemctl stop opensmd.service" in op.text and "systemctl disable opensmd.service" in op.text
+
+
+def test_opensm_without_mlnx_ofeds_package_stops_the_host(lab):
+    node = lab.node("lab-master")
+    [op] = [p for p in plan(opensm.apply, fresh(lab, node), cluster=lab, node=node) if p.changes]
+    assert "opensm package is not installed" in op.text and op.text.endswith("exit 1")
+
+
+def test_opensm_unset_changes_nothing(lab):
+    unset = dataclasses.replace(lab, network=dataclasses.replace(lab.network, subnet_manager=None))
+    node = unset.node("lab-master")
+    assert changing(plan(opensm.apply, opensm_on(unset, node), cluster=unset, node=node)) == []

@@ -12,14 +12,17 @@ import ctypes
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
+from deploy.facts.fabric import parse_sminfo
 from roles.fabric import mofed
 from tests.lab import mirror
 
@@ -537,7 +540,13 @@ def test_ofed_tarball_layout(ofed, repo):
     assert (ofed / "distro").read_text() == "debian12\n"
     assert os.access(ofed / "mlnxofedinstall", os.X_OK)
     debs = sorted(p.name.split("_")[0] for p in (ofed / "DEBS").glob("*.deb"))
-    assert debs == ["infiniband-diags", "mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils", "ofed-scripts"]
+    assert debs == [
+        "infiniband-diags",
+        "mlnx-ofed-kernel-dkms",
+        "mlnx-ofed-kernel-utils",
+        "ofed-scripts",
+        "opensm",
+    ]
 
 
 # What a node has after roles/fabric/mofed.py installed the prerequisites: the packages, the tools
@@ -870,3 +879,61 @@ def test_smoke_trial_cuda_step_against_the_driver_library(unpack, tmp_path, load
         assert (out.returncode, out.stdout) == (0, ""), out
     else:
         assert out.returncode == 1 and out.stdout.startswith(said), out
+
+
+# --- sminfo and the opensm stand-in (rdma-core infiniband-diags/sminfo.c) ------------------------
+
+
+def test_sminfo_names_the_switch_sm_until_opensm_runs_here(ib, ofed, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "DTLAB_STANDIN_RUN_DIR": str(run_dir)}
+    ib.link("up")
+
+    diags = Path(ib("ibstat", "-l").args[0]).parent
+    sysfs_env = {"DTLAB_STANDIN_SYSFS_NET": str(tmp_path / "sys"), "DTLAB_STANDIN_HOSTNAME": "lab-gpu1"}
+
+    def tool(name, *args):
+        return subprocess.run(
+            [str(diags / name), *args], capture_output=True, text=True, check=False, env={**env, **sysfs_env}
+        )
+
+    out = tool("sminfo")
+    assert out.returncode == 0
+    found = parse_sminfo(out.stdout)
+    assert found is not None and found["lid"] == 1 and found["name"] == "SMINFO_MASTER"
+    assert re.fullmatch(
+        r"sminfo: sm lid 1 sm guid 0x[0-9a-f]+, activity count \d+ priority 0 state 3 SMINFO_MASTER\n",
+        out.stdout,
+    )
+    opensm = extract(next((ofed / "DEBS").glob("opensm_*.deb")), tmp_path / "opensm")
+    assert (opensm / "lib/systemd/system/opensmd.service").is_file()
+    daemon = subprocess.Popen(
+        [str(opensm / "usr/sbin/opensm")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(50):
+            if (run_dir / "opensm.json").exists():
+                break
+            time.sleep(0.1)
+        mine = parse_sminfo(tool("sminfo").stdout)
+        lines = tool("ibstat").stdout.splitlines()
+        base = next(line.split(": ")[1] for line in lines if line.startswith("\t\tBase lid: "))
+        assert mine is not None and mine["guid"] == "0x1070fd0300aabb0c" and mine["name"] == "SMINFO_MASTER"
+        assert f"\t\tSM lid: {base}" in lines
+        standby = parse_sminfo(tool("sminfo", "1").stdout)
+        assert standby is not None and standby["name"] == "SMINFO_STANDBY"
+    finally:
+        daemon.terminate()
+        daemon.wait(5)
+    assert not (run_dir / "opensm.json").exists()
+    assert parse_sminfo(tool("sminfo").stdout)["lid"] == 1
+
+
+def test_sminfo_fails_as_infiniband_diags_without_an_active_port(ib):
+    ib.link("lowerlayerdown", flags="0x1003")
+    out = ib("sminfo")
+    assert out.returncode == 255 and out.stdout == "sminfo: iberror: failed: query\n"
+    assert parse_sminfo(out.stdout) == {"failed": "query"}
+    ib.link(None)
+    out = ib("sminfo")
+    assert out.returncode == 255 and "Failed to open" in out.stdout

@@ -142,6 +142,13 @@ HINTS: dict[str, Hint] = {
         "ib0 port Down (State Initializing = no subnet manager): 'AllReduce timeout'",
         "check cabling and the subnet manager (ibstat, iblinkinfo); reseat fibre / SFP",
     ),
+    "test_subnet_manager_master": Hint(
+        "no subnet manager answers `sminfo` (ports stay Initializing, NCCL/IB traffic cannot "
+        "start), or opensmd is not running on network.subnet_manager's node",
+        "`sminfo` and `ibstat` (SM lid) on {node}; on network.subnet_manager's node "
+        "`systemctl status opensmd` and /var/log/opensm.log; no SM on the switch or UFM: name a "
+        "node in network.subnet_manager, then " + REDEPLOY,
+    ),
     # --- test_storage.py --------------------------------------------------------------------
     "test_minio_service": Hint(
         "MinIO is not running, or its binary / service user is wrong",

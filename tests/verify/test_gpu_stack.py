@@ -6,8 +6,11 @@ deploy installs from.
 
 import shlex
 
+import pytest
+
 from deploy import gpu_node
-from deploy.facts.fabric import parse_ibstat
+from deploy.fabric_node import OPENSMD_UNIT
+from deploy.facts.fabric import parse_ibstat, parse_sminfo
 from deploy.facts.gpu import nvswitch_command, parse_nvswitches
 from deploy.pins import (
     CUDA_LINK,
@@ -165,6 +168,28 @@ def test_ib_ports_active(node, host_of):
         assert fields.get("Physical state") == "LinkUp", (
             f"{ca} port {port}: Physical state {fields.get('Physical state')}"
         )
+
+
+def test_subnet_manager_master(node, host_of, cluster):
+    """`sminfo` asks the SM the local port names: one must answer as master (rdma-core
+    infiniband-diags/sminfo.c prints "... state 3 SMINFO_MASTER"); with network.subnet_manager,
+    opensmd runs on that node. A node whose sminfo cannot run is skipped, not failed."""
+    h = host_of(node)
+    result = h.run("sminfo")
+    found = parse_sminfo(result.stdout or "")
+    if found is None or (result.rc != 0 and "failed" not in found):
+        err = (result.stderr or result.stdout or "no output").strip().splitlines()
+        pytest.skip(f"could not run: sminfo -> exit {result.rc}: {err[-1] if err else 'no output'}")
+    if "failed" in found and str(found["failed"]).startswith("Failed to open"):
+        pytest.skip(f"could not run: sminfo: {found['failed']} (no InfiniBand port to ask from)")
+    assert "failed" not in found, f"no subnet manager answers: sminfo: {found['failed']}"
+    assert found["name"] == "SMINFO_MASTER", (
+        f"the SM at lid {found['lid']} ({found['guid']}) is {found['name']}, not SMINFO_MASTER"
+    )
+    manager = cluster.network.subnet_manager
+    if manager == node.hostname:
+        state = h.run(f"systemctl is-active {shlex.quote(OPENSMD_UNIT)}").stdout.strip()
+        assert state == "active", f"network.subnet_manager is {manager}, but {OPENSMD_UNIT} is {state}"
 
 
 def test_running_kernel_held(node, host_of):

@@ -4,7 +4,8 @@
 Each tarball has NVIDIA's layout: a top folder named like the tarball holding mlnxofedinstall,
 uninstall.sh, `distro`, `.mlnx`, `.arch` and DEBS/*.deb. The packages (same for every distro)
 are ofed-scripts (ofed_info), mlnx-ofed-kernel-utils (/etc/init.d/openibd and
-openibd.service), mlnx-ofed-kernel-dkms and infiniband-diags (ibstat, ibstatus, iblinkinfo, perfquery).
+openibd.service), mlnx-ofed-kernel-dkms, infiniband-diags (ibstat, ibstatus, iblinkinfo, perfquery,
+sminfo) and opensm (the subnet manager and its opensmd.service, not enabled by the package).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ OFED_BASE = "5.8-3.0.7"
 SCRIPTS_VERSION = "5.8-OFED.5.8.3.0.7"
 KERNEL_VERSION = "5.8-OFED.5.8.3.0.7.1"
 DIAGS_VERSION = "58mlnx43-1.58307"
+# MLNX_OFED 5.8's OpenSM: opensm_5.13.0.MLNX20221016.10d3954-0.1.<build>_amd64.deb in NVIDIA's
+# mlnx_ofed/latest-5.8/ubuntu20.04 apt repository (build 58604 there, 5.8-6); this release's
+# build number 58307 as its other packages carry it (DIAGS_VERSION). Inferred, not seen.
+OPENSM_VERSION = "5.13.0.MLNX20221016.10d3954-0.1.58307"
 MAINTAINER = "Mellanox Technologies <support@mellanox.com>"
 
 # Distro -> kernels the prebuilt modules match (any other kernel needs --add-kernel-support).
@@ -27,7 +32,7 @@ DISTROS = {
     "ubuntu22.04": "5.15.0-25-generic",
     "debian12": "6.1.0-9-amd64",
 }
-PACKAGES = ("ofed-scripts", "mlnx-ofed-kernel-utils", "mlnx-ofed-kernel-dkms", "infiniband-diags")
+PACKAGES = ("ofed-scripts", "mlnx-ofed-kernel-utils", "mlnx-ofed-kernel-dkms", "infiniband-diags", "opensm")
 NOTE = "\n This is a lab stand-in built by tests/lab; it contains no NVIDIA/Mellanox software."
 
 SUBS = {
@@ -36,6 +41,7 @@ SUBS = {
     "SCRIPTS_VERSION": SCRIPTS_VERSION,
     "KERNEL_VERSION": KERNEL_VERSION,
     "DIAGS_VERSION": DIAGS_VERSION,
+    "OPENSM_VERSION": OPENSM_VERSION,
     "PACKAGES": " ".join(PACKAGES),
     # openibd's ib_ipoib "load": the lab's parked fabric port gets the kernel's IPoIB name.
     "IB_PARKED": IB_PARKED,
@@ -125,10 +131,23 @@ def build_debs(ctx, out_dir: Path) -> list[Path]:
             DIAGS_VERSION,
             {
                 f"/usr/sbin/{tool}": _script("ib_diags.py")
-                for tool in ("ibstat", "ibstatus", "iblinkinfo", "perfquery")
+                for tool in ("ibstat", "ibstatus", "iblinkinfo", "perfquery", "sminfo")
             },
             depends=["python3"],
             description=f"InfiniBand diagnostic programs{NOTE}",
+            maintainer=MAINTAINER,
+            extra_control={"Section": "net"},
+        ),
+        ctx.build_deb(
+            out_dir,
+            "opensm",
+            OPENSM_VERSION,
+            {
+                "/usr/sbin/opensm": _script("opensm.py"),
+                "/lib/systemd/system/opensmd.service": (source("mofed/opensmd.service").encode(), 0o644),
+            },
+            depends=["python3", f"infiniband-diags (>= {DIAGS_VERSION})"],
+            description=f"An Infiniband subnet manager{NOTE}",
             maintainer=MAINTAINER,
             extra_control={"Section": "net"},
         ),

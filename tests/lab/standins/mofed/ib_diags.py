@@ -1,12 +1,21 @@
 #!/usr/bin/python3
-# Stands in for ibstat/ibstatus/iblinkinfo/perfquery of infiniband-diags @DIAGS_VERSION@ (MLNX_OFED @OFED_VERSION@); lab only.
+# Stands in for ibstat/ibstatus/iblinkinfo/perfquery/sminfo of infiniband-diags @DIAGS_VERSION@ (MLNX_OFED @OFED_VERSION@); lab only.
 """InfiniBand diagnostics for a lab node whose 'HCA' is the veth link ib0.
 
 One HCA, mlx5_0 (ConnectX-6, MT4123), one port, HDR 200 Gb/s. Port state follows the node's
 real ib0 link: operstate "up" -> State Active / Physical state LinkUp; an administratively
 down link -> Down / Disabled; any other state (no carrier) -> Down / Polling. GUIDs and LID
 derive from ib0's MAC address, so they are stable per node. Installed as /usr/sbin/ibstat,
-/usr/sbin/ibstatus, /usr/sbin/iblinkinfo and /usr/sbin/perfquery; argv[0] picks the tool.
+/usr/sbin/ibstatus, /usr/sbin/iblinkinfo, /usr/sbin/perfquery and /usr/sbin/sminfo; argv[0]
+picks the tool.
+
+The subnet manager: the lab's switch runs one (SWITCH_SM: LID 1, priority 0), so an up link is
+Active as on a fabric whose managed switch runs its SM. While the opensm stand-in runs on this
+node (its record in /run/ib-standin/opensm.json, its pid alive), it wins the election (same
+priority, lower port GUID: the IBA's SM election) and ibstat's "SM lid" and sminfo name it.
+sminfo prints rdma-core infiniband-diags/sminfo.c's line; with no SM to ask (the port not
+Active, so its SM lid is 0) it fails as ibexit() does: "sminfo: iberror: failed: query" on
+stdout, exit status 255.
 
 Faults (lab only): /etc/dtlab/faults.json's "ib" mapping makes the port train down or flap:
   {"ib": {"rate": 100, "width": "2X",      # an active port at 100 Gb/s over 2 lanes
@@ -23,6 +32,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 SYSFS_NET = os.environ.get("DTLAB_STANDIN_SYSFS_NET", "/sys/class/net")
 CA = "mlx5_0"
@@ -34,6 +44,12 @@ RUN_DIR = os.environ.get("DTLAB_STANDIN_RUN_DIR", "/run/ib-standin")
 # Gb/s per lane -> InfiniBand speed name, as ibstatus prints it ("200 Gb/sec (4X HDR)").
 SPEEDS = {2.5: "SDR", 5.0: "DDR", 10.0: "QDR", 14.0: "FDR", 25.0: "EDR", 50.0: "HDR", 100.0: "NDR"}
 LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+# The SM of the lab's switch ("MF0;lab-ib-switch:MQM8700/U1" in iblinkinfo): the switch's LID 1,
+# a port GUID above every lab port's (0x1070fd03...), opensm's default priority.
+SWITCH_SM = {"lid": 1, "guid": "0xb8599f0300a0a0a0", "priority": 0}
+SWEEP_INTERVAL = 10  # opensm's sweep_interval default, seconds: one activity count per sweep
+# rdma-core infiniband-diags/sminfo.c: statestr[]
+SM_STATES = ("SMINFO_NOTACT", "SMINFO_DISCOVER", "SMINFO_STANDBY", "SMINFO_MASTER")
 
 
 def faults():
@@ -88,8 +104,45 @@ def port():
         "phys_no": phys_no,
         "rate": fault.get("rate", 200) if active else 10,
         "lid": (tail[2] % 250) + 2 if active else 0,
-        "sm_lid": 1 if active else 0,
-    }
+        "sm_lid": 0,
+    } | ({"sm_lid": master_sm(guid, (tail[2] % 250) + 2)["lid"]} if active else {})
+
+
+def local_sm():
+    """The opensm stand-in's record if its process runs: {"pid", "started", "priority"}."""
+    try:
+        with open(os.path.join(RUN_DIR, "opensm.json")) as f:
+            record = json.load(f)
+        with open(f"/proc/{int(record['pid'])}/cmdline", "rb") as f:
+            if b"opensm" not in f.read():
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record
+
+
+def uptime():
+    try:
+        return float(read("/proc/uptime", "0").split()[0])
+    except (ValueError, IndexError):
+        return 0.0
+
+
+def sms(guid, lid):
+    """The SMs this node's port sees, master first (higher priority, then the lower GUID)."""
+    found = [dict(SWITCH_SM, activity=int(uptime()) // SWEEP_INTERVAL)]
+    record = local_sm()
+    if record is not None:
+        since = max(0.0, time.time() - float(record.get("started", time.time())))
+        found.append(
+            {"lid": lid, "guid": guid, "priority": int(record.get("priority", 0)),
+             "activity": int(since) // SWEEP_INTERVAL}
+        )  # fmt: skip
+    return sorted(found, key=lambda sm: (-sm["priority"], int(sm["guid"], 16)))
+
+
+def master_sm(guid, lid):
+    return sms(guid, lid)[0]
 
 
 def no_device(prog):
@@ -276,7 +329,39 @@ def perfquery(args):
     return 0
 
 
-TOOLS = {"ibstat": ibstat, "ibstatus": ibstatus, "iblinkinfo": iblinkinfo, "perfquery": perfquery}
+def sminfo(args):
+    """sminfo [sm_lid]: the SMInfo of the SM the local port names (its SM lid), or of `sm_lid`
+    (rdma-core infiniband-diags/sminfo.c; its output line and ibexit()'s failures)."""
+    p = port()
+    if p is None:  # mad_rpc_open_port() failed: no umad device
+        sys.stderr.write(f"ibwarn: [{os.getpid()}] mad_rpc_open_port: can't open UMAD port ((null):0)\n")
+        print("sminfo: iberror: failed: Failed to open '(null)' port '0'")
+        return 255
+    wanted = [a for a in args if not a.startswith("-")]
+    if p["state"] != "Active":  # SM lid 0: nobody answers the query
+        print("sminfo: iberror: failed: query")
+        return 255
+    found = sms(p["guid"], p["lid"])
+    lid = int(wanted[0], 0) if wanted and wanted[0].isdigit() else found[0]["lid"]
+    for i, sm in enumerate(found):
+        if sm["lid"] == lid:
+            state = 3 if i == 0 else 2
+            print(
+                f"sminfo: sm lid {sm['lid']} sm guid {sm['guid']}, activity count {sm['activity']} "
+                f"priority {sm['priority']} state {state} {SM_STATES[state]}"
+            )
+            return 0
+    print("sminfo: iberror: failed: query")
+    return 255
+
+
+TOOLS = {
+    "ibstat": ibstat,
+    "ibstatus": ibstatus,
+    "iblinkinfo": iblinkinfo,
+    "perfquery": perfquery,
+    "sminfo": sminfo,
+}
 
 
 def main(argv):
