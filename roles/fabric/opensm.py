@@ -5,8 +5,10 @@ it a LID (MLNX_OFED user manual, "OpenSM": "One SM must be running for each Infi
 unset:     nothing here: the fabric's SM runs elsewhere (a managed switch, UFM)
 the node:  opensmd enabled and running (pyinfra's systemd.service: no change once it is). Its
            package comes with MLNX_OFED (mlnxofedinstall installs `opensm` with libopensm; the
-           mofed role runs before this one): missing, the host stops. apt is never asked for it:
-           the distribution's opensm (3.3.x) would pull in its own infiniband-diags and libraries
+           mofed role runs before this one): missing, the host stops. On a fresh node the
+           installer runs in this same deploy, after the facts were read, so the package is
+           checked when the step runs, not when it is planned. apt is never asked for it: the
+           distribution's opensm (3.3.x) would pull in its own infiniband-diags and libraries
            over MLNX_OFED's.
 the others: opensmd stopped and disabled where an earlier deploy (another subnet_manager) left
            it on; two SMs elect one master, but the named node is the one verify checks.
@@ -14,8 +16,10 @@ the others: opensmd stopped and disabled where an earlier deploy (another subnet
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import systemd
 
@@ -26,13 +30,15 @@ from roles.shared.ops import fail
 
 
 @operation()
-def missing_package(node: str):
-    """Stop this host: MLNX_OFED's opensm is not installed (nothing else is asked to install it)."""
-    yield fail(
+def package_installed(node: str):
+    """Stop this host unless MLNX_OFED's opensm is installed by now (nothing else installs it)."""
+    stop = fail(
         f"{node} is network.subnet_manager but MLNX_OFED's {OPENSM_PACKAGE} package is not "
         "installed (mlnxofedinstall installs it with its default package set): reinstall "
         "MLNX_OFED without a reduced package set, or name another node"
     )
+    query = f"dpkg-query -W -f='${{db:Status-Abbrev}}' {shlex.quote(OPENSM_PACKAGE)} 2>/dev/null"
+    yield StringCommand(f'case "$({query})" in ii*) ;; *) {stop.get_raw_value()};; esac')
 
 
 @deploy("Subnet manager")
@@ -54,8 +60,8 @@ def apply(cluster: Cluster, node: Node) -> None:
             host.noop(f"opensmd is off: {manager} runs the subnet manager")
         return
     if OPENSM_PACKAGE not in (host.get_fact(DebPackages) or {}):
-        missing_package(name=f"MLNX_OFED's {OPENSM_PACKAGE} is installed", node=node.hostname)
-        return
+        # A fresh node (MLNX_OFED is installed in this deploy) or a reduced OFED install.
+        package_installed(name=f"MLNX_OFED's {OPENSM_PACKAGE} is installed", node=node.hostname)
     systemd.service(
         name="opensmd enabled and running (the fabric's subnet manager)",
         service=OPENSMD_UNIT,

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import re
 import shlex
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -441,10 +442,11 @@ def deployed(cluster, node, cold: list[Planned]) -> Facts:
     return Facts(table, files={path: e["content"] for path, e in files.items()})
 
 
-# --- roles/fabric/opensm.py: MLNX_OFED installed opensm, opensmd not enabled (as the package leaves it)
+# --- roles/fabric/opensm.py: a fresh node (MLNX_OFED, and with it opensm, comes later in the same
+# deploy: the facts show no opensm), and one where opensmd runs
 
 
-def opensm_fresh(cluster, node) -> dict:
+def opensm_installed(cluster, node) -> dict:
     facts = fresh(cluster, node)
     facts[DebPackages] = {**BASE_PACKAGES, "opensm": [OPENSM_VERSION]}
     return facts
@@ -453,7 +455,7 @@ def opensm_fresh(cluster, node) -> dict:
 def opensm_on(cluster, node, cold=None) -> Facts:
     return Facts(
         {
-            **opensm_fresh(cluster, node),
+            **opensm_installed(cluster, node),
             UnitState: lambda **_: ("active", "enabled"),
             SystemdEnabled: lambda services, **_: dict.fromkeys(services, True),
             SystemdStatus: lambda services, **_: dict.fromkeys(services, True),
@@ -1053,9 +1055,10 @@ CASES = [
     Case(
         opensm,
         "lab-master",  # the lab's network.subnet_manager
-        opensm_fresh,
+        fresh,
         opensm_on,
         {
+            "MLNX_OFED's opensm is installed": ["dpkg-query", "ii*) ;;", "exit 1"],
             "opensmd enabled and running (the fabric's subnet manager)": [
                 "systemctl start opensmd.service",
                 "systemctl enable opensmd.service",
@@ -1310,17 +1313,28 @@ def test_a_drifted_node_gets_only_the_repair(lab, monkeypatch, role, node, fresh
 
 def test_opensm_stays_off_elsewhere_and_is_stopped_where_left_on(lab):
     node = lab.node("lab-gpu1")
-    assert changing(plan(opensm.apply, opensm_fresh(lab, node), cluster=lab, node=node)) == []
+    assert changing(plan(opensm.apply, fresh(lab, node), cluster=lab, node=node)) == []
+    assert changing(plan(opensm.apply, opensm_installed(lab, node), cluster=lab, node=node)) == []
     left_on = [p for p in plan(opensm.apply, opensm_on(lab, node), cluster=lab, node=node) if p.changes]
     [op] = left_on
     assert "lab-master runs the subnet manager" in op.name
     assert "systemctl stop opensmd.service" in op.text and "systemctl disable opensmd.service" in op.text
 
 
-def test_opensm_without_mlnx_ofeds_package_stops_the_host(lab):
+def test_opensm_without_mlnx_ofeds_package_stops_the_host_when_the_step_runs(lab, tmp_path):
+    """The check runs on the node, after MLNX_OFED's installer: a real shell with a dpkg-query
+    that knows no opensm stops the host with the message; one that has it goes on."""
     node = lab.node("lab-master")
-    [op] = [p for p in plan(opensm.apply, fresh(lab, node), cluster=lab, node=node) if p.changes]
-    assert "opensm package is not installed" in op.text and op.text.endswith("exit 1")
+    [check, _start] = [p for p in plan(opensm.apply, fresh(lab, node), cluster=lab, node=node) if p.changes]
+    assert "opensm package is not installed" in check.text
+    fake = tmp_path / "dpkg-query"
+    for status, rc in (("", 1), ("un ", 1), ("ii ", 0)):
+        fake.write_text(f"#!/bin/sh\nprintf '{status}'\n")
+        fake.chmod(0o755)
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+        proc = subprocess.run(["sh", "-c", check.text], env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == rc, (status, proc)
+        assert ("opensm package is not installed" in proc.stderr) == (rc == 1)
 
 
 def test_opensm_unset_changes_nothing(lab):
