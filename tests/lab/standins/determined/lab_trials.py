@@ -50,6 +50,30 @@ Reproduced:
   /trials/{id}/logs (newline-delimited {"result": ...} as grpc-gateway streams; follow=true
   streams until the trial ends), POST /experiments/{id}/kill and /archive, DELETE
   /experiments/{id} (terminal experiments only).
+- What the real `det` CLI of 0.38.0 calls (harness/determined/cli/*.py; routes from
+  proto/src/determined/api/v1/api.proto, handlers in master/internal/api_*.go), with the JSON
+  the CLI's bindings (determined/common/api/bindings.py from_json) require:
+  experimentv1.Experiment with every field (jobId, projectOwnerId, originalConfig, ...:
+  experiment/v1/experiment.proto); GET /api/v1/experiments (GetExperiments: archived, users,
+  userIds, states, name, offset/limit paged as runPagedBunExperimentsQuery); POST
+  /experiments/{id}/pause, /activate (experiment.go PauseExperiment / ActivateExperiment,
+  bulk_action.go: "experiment in terminal state", "experiment in incompatible state X") and
+  /cancel (CancelExperiment); GET /api/v1/trials/{id}/workloads (GetTrialWorkloads: the
+  reported checkpoints; nothing reports metrics here); POST /api/v1/checkpoints
+  (ReportCheckpoint, what the harness calls after uploading a checkpoint; body: the
+  Checkpoint) and GET /api/v1/checkpoints/{uuid} (GetCheckpoint, shaped as
+  proto_checkpoints_view: training.experimentConfig is the stored config, storage
+  credentials included, which is what lets `det checkpoint download` read S3 directly);
+  GET /api/v1/resource-pools (agentrm createResourcePoolSummary of a static pool) and GET
+  /api/v1/job-queues-v2 (GetJobsV2: the pool's experiments holding or awaiting slots, in the
+  priority scheduler's order, as RBACJob {"full": Job}).
+- Pausing terminates the trials' allocations and the trials wait PAUSED (restarts not
+  counted) until activation queues them again; an experiment created with activate false
+  starts PAUSED with its trial.
+- A route the stand-in does not serve under /api/v1/ answers as grpc-gateway v1.16.0 answers
+  one it has no handler for (runtime/mux.go ErrUnknownURI through master/internal/grpcutil/
+  errors.go): 501 {"error": {"code": 12, "reason": "Unimplemented", "error": "Not
+  Implemented"}}, so a caller fails loudly; elsewhere echo's 404 {"message": "Not Found"}.
 Lab differences:
 - experiments live in the master's memory (the real master keeps them in PostgreSQL): a
   master restart forgets them;
@@ -69,6 +93,12 @@ Lab differences:
   prep_container writes them from the environment and the rendezvous API); container_addrs are
   the agents' addresses as the master sees them, as rendezvous.go does with host networking;
 - DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner;
+- pause and cancel kill the trials' containers at once: the real master asks the harness to
+  checkpoint and exit (preemption) and kills only after preemption_timeout (1 h), and these
+  containers have no harness; a container that exits 0 while paused completes its trial;
+- GET /checkpoints/{uuid} (the master-proxied checkpoint download, an echo route) is not
+  served: `det checkpoint download` must reach the S3 storage itself (--mode direct, or auto
+  falling back to a 404);
 - only the single searcher (hyperparameters constant) runs; others are refused;
 - with TLS, the entrypoint runs through lab_prep_container.py (packed beside this module, put
   at /run/determined/lab/prep_container.py): the master contact of the harness's prep step, so
@@ -92,6 +122,7 @@ import tempfile
 import threading
 import time
 import uuid
+from urllib.parse import parse_qs, urlsplit
 
 GRPC_CODES = {
     2: "Unknown",
@@ -99,10 +130,16 @@ GRPC_CODES = {
     5: "NotFound",
     7: "PermissionDenied",
     9: "FailedPrecondition",
+    12: "Unimplemented",
     13: "Internal",
     16: "Unauthenticated",
 }
-GRPC_HTTP = {2: 500, 3: 400, 5: 404, 7: 403, 9: 400, 13: 500, 16: 401}
+# grpc-gateway v1.16.0 runtime/errors.go HTTPStatusFromCode.
+GRPC_HTTP = {2: 500, 3: 400, 5: 404, 7: 403, 9: 400, 12: 501, 13: 500, 16: 401}
+# grpc-gateway v1.16.0 runtime/mux.go: a path or method no route matches is ErrUnknownURI,
+# status.Error(codes.Unimplemented, "Not Implemented"), which the master's errorHandler
+# (master/internal/grpcutil/errors.go) writes as 501 {"error": {"code": 12, ...}}.
+UNKNOWN_URI = (12, "Not Implemented")
 
 
 class ApiError(Exception):
@@ -602,6 +639,8 @@ class Trials:
         self.next_exp = 1
         self.next_trial = 1
         self.next_log = 1
+        self.checkpoints: dict[str, dict] = {}  # uuid -> checkpointv1.Checkpoint
+        self.owner_id: int | None = None
 
     # -- helpers
     def pools(self) -> dict:
@@ -811,6 +850,8 @@ class Trials:
                 "token": token,
                 "trials": [],
                 "warnings": warnings,
+                "job_id": str(uuid.uuid4()),  # the experiment's job (model.NewJobID)
+                "model_size": sum(len(f["content"]) for f in files),
             }
             self.experiments[exp_id] = exp
             trial_id = self.next_trial
@@ -819,7 +860,7 @@ class Trials:
             self.trials[trial_id] = {
                 "id": trial_id,
                 "exp": exp_id,
-                "state": "STATE_ACTIVE",
+                "state": "STATE_ACTIVE" if body.get("activate") else "STATE_PAUSED",
                 "alloc_state": "QUEUED",
                 "restarts": 0,
                 "run_id": 0,
@@ -868,11 +909,28 @@ class Trials:
             return ["LAUNCH_WARNING_CURRENT_SLOTS_EXCEEDED"]
         return []
 
+    def project_owner_id(self) -> int:
+        """The Uncategorized project's owner: the 'admin' user
+        (migrations/20220311095512_add_workspace_tables.up.sql)."""
+        if self.owner_id is None:
+            with self.master.db.cursor() as cur:
+                cur.execute("SELECT id FROM users WHERE username = 'admin'")
+                row = cur.fetchone()
+            self.owner_id = row[0] if row else 1
+        return self.owner_id
+
     def exp_proto(self, exp: dict) -> dict:
+        """experimentv1.Experiment (proto/src/determined/experiment/v1/experiment.proto), every
+        field written as grpc-gateway's JSONPb{EmitDefaults: true} writes it
+        (master/internal/grpcutil/api.go); the swagger-required ones (id, name, start_time,
+        state, archived, num_trials, username, job_id, searcher_type, project_id,
+        original_config, project_owner_id, config) are what the CLI's bindings insist on."""
         trials = [self.trials[t] for t in exp["trials"]]
+        ckpts = [c for c in self.checkpoints.values() if c["training"]["experimentId"] == exp["id"]]
+        end = exp["end"] or time.time()
+        searcher = exp["config"]["searcher"]
         return {
             "id": exp["id"],
-            "name": exp["config"].get("name"),
             "description": exp["config"].get("description") or "",
             "labels": exp["config"].get("labels") or [],
             "startTime": timestamp(exp["start"]),
@@ -881,21 +939,41 @@ class Trials:
             "archived": exp["archived"],
             "numTrials": len(trials),
             "trialIds": [t["id"] for t in trials],
-            "username": exp["user"]["username"],
+            "displayName": exp["user"].get("displayName") or "",
             "userId": exp["user"]["id"],
+            "username": exp["user"]["username"],
             "resourcePool": exp["config"]["resources"]["resource_pool"],
-            "searcherType": exp["config"]["searcher"].get("name"),
+            "searcherType": searcher.get("name"),
+            "searcherMetric": searcher.get("metric") or "",
+            "hyperparameters": exp["config"].get("hyperparameters") or {},
+            "name": exp["config"].get("name"),
+            "notes": "",
+            "jobId": exp["job_id"],
+            "forkedFrom": None,
+            "progress": 1.0 if exp["state"] == "STATE_COMPLETED" else 0.0,
             "projectId": 1,
+            "projectName": "Uncategorized",
             "workspaceId": 1,
+            "workspaceName": "Uncategorized",
+            "parentArchived": False,
             "config": printable_config(exp["config"]),
             "originalConfig": exp["original"],
-            "progress": 1.0 if exp["state"] == "STATE_COMPLETED" else 0.0,
+            "projectOwnerId": self.project_owner_id(),
+            "checkpointSize": str(sum(_ckpt_size(c) for c in ckpts)),  # int64: a JSON string
+            "checkpointCount": len(ckpts),
+            "unmanaged": False,
+            "duration": int((end - exp["start"]) * 1000),
+            "modelDefinitionSize": exp.get("model_size", 0),
         }
 
     def trial_proto(self, trial: dict) -> dict:
+        """trialv1.Trial (proto/src/determined/trial/v1/trial.proto); api_trials.go
+        ExperimentTrials/GetTrial show an ACTIVE trial by its allocation's state."""
         state = trial["state"]
         if state == "STATE_ACTIVE":
             state = "STATE_" + trial["alloc_state"]
+        ckpts = [c for c in self.checkpoints.values() if c["training"]["trialId"] == trial["id"]]
+        latest = max(ckpts, key=lambda c: c["reportTime"], default=None)
         return {
             "id": trial["id"],
             "experimentId": trial["exp"],
@@ -905,8 +983,20 @@ class Trials:
             "restarts": trial["restarts"],
             "hparams": trial["hparams"],
             "totalBatchesProcessed": 0,
+            "bestValidation": None,
+            "latestValidation": None,
+            "bestCheckpoint": None,
+            "latestTraining": None,
+            "runnerState": "",
+            "wallClockTime": 0,
+            "warmStartCheckpointUuid": "",
             "taskId": trial["task_id"],
+            "totalCheckpointSize": str(sum(_ckpt_size(c) for c in ckpts)),
+            "searcherMetricValue": None,
             "taskIds": [trial["task_id"]],
+            "logRetentionDays": None,
+            "metadata": None,
+            "latestCheckpointUuid": latest["uuid"] if latest else None,
         }
 
     def get_exp(self, exp_id: int) -> dict:
@@ -922,15 +1012,61 @@ class Trials:
         return trial
 
     def kill(self, exp_id: int) -> None:
+        """KillExperiment (experiment.go KillExperiment): nothing for a terminal or already
+        killed experiment; else STOPPING_KILLED and the trials' allocations killed at once
+        (trial.go transition: KillAllocation)."""
+        self.stop(exp_id, "STATE_STOPPING_KILLED")
+
+    def cancel(self, exp_id: int) -> None:
+        """CancelExperiment (experiment.go CancelExperiment): nothing for a stopping or terminal
+        experiment; else STOPPING_CANCELED and the trials' allocations terminated (trial.go
+        transition: TerminateAllocation). Lab difference: the real master first asks the
+        harness to checkpoint and exit (preemption) and kills after preemption_timeout; the
+        lab's containers have no harness, so they are killed at once, as with kill."""
+        self.stop(exp_id, "STATE_STOPPING_CANCELED")
+
+    def stop(self, exp_id: int, state: str) -> None:
         with self.lock:
             exp = self.get_exp(exp_id)
-            if exp["state"] in TERMINAL:
+            if exp["state"] in TERMINAL or exp["state"] == "STATE_STOPPING_KILLED":
                 return
-            exp["state"] = "STATE_STOPPING_KILLED"
+            if state == "STATE_STOPPING_CANCELED" and exp["state"].startswith("STATE_STOPPING_"):
+                return
+            exp["state"] = state
             for tid in exp["trials"]:
                 trial = self.trials[tid]
                 trial["killed"] = True
                 self.kill_containers(trial)
+            self.lock.notify_all()
+
+    def set_paused(self, exp_id: int, paused: bool) -> None:
+        """PauseExperiment / ActivateExperiment (api_experiment.go, experiment/bulk_action.go
+        PauseExperiments / ActivateExperiments, experiment.go PauseExperiment /
+        ActivateExperiment, model.ExperimentTransitions): a terminal experiment has left the
+        registry ("experiment in terminal state"); ACTIVE <-> PAUSED, the same state again is a
+        no-op, a stopping one is "experiment in incompatible state <STATE>". Pausing terminates
+        the trials' allocations (trial.go transition: TerminateAllocation; killed at once here,
+        see cancel) and the trials wait PAUSED, their restarts not counted; activating queues
+        them again."""
+        target = "STATE_PAUSED" if paused else "STATE_ACTIVE"
+        with self.lock:
+            exp = self.get_exp(exp_id)
+            if exp["state"] in TERMINAL:
+                raise ApiError(9, "experiment in terminal state")
+            if exp["state"] == target:
+                return
+            if exp["state"] not in ("STATE_ACTIVE", "STATE_PAUSED"):
+                raise ApiError(9, f"experiment in incompatible state {exp['state'][len('STATE_') :]}")
+            exp["state"] = target
+            for tid in exp["trials"]:
+                trial = self.trials[tid]
+                if trial["state"] in TERMINAL:
+                    continue
+                trial["state"] = target
+                if paused:
+                    self.kill_containers(trial)
+                    if not trial["containers"]:
+                        trial["alloc_state"] = "QUEUED"
             self.lock.notify_all()
 
     def archive(self, exp_id: int) -> None:
@@ -952,6 +1088,256 @@ class Trials:
                 self.trials.pop(tid, None)
             del self.experiments[exp_id]
 
+    # -- queries of the CLI (harness/determined/cli/{experiment,trial,job,checkpoint}.py)
+    def list_experiments(self, params: dict[str, list[str]]) -> dict:
+        """GetExperiments (api_experiment.go): filters archived, users (usernames), userIds,
+        states, name (ILIKE %name%); ordered by id (SORT_BY_UNSPECIFIED, ORDER_BY_DESC is
+        descending); offset and limit as runPagedBunExperimentsQuery pages (limit 0: 100)."""
+        with self.lock:
+            exps = sorted(self.experiments.values(), key=lambda e: e["id"])
+            if params.get("archived"):
+                archived = params["archived"][-1].lower() in ("true", "1")
+                exps = [e for e in exps if e["archived"] == archived]
+            if params.get("users"):
+                exps = [e for e in exps if e["user"]["username"] in params["users"]]
+            if params.get("userIds"):
+                exps = [e for e in exps if str(e["user"]["id"]) in params["userIds"]]
+            if params.get("states"):
+                exps = [e for e in exps if e["state"] in params["states"]]
+            if params.get("name"):
+                name = params["name"][-1].lower()
+                exps = [e for e in exps if name in str(e["config"].get("name") or "").lower()]
+            if (params.get("orderBy") or [""])[-1] == "ORDER_BY_DESC":
+                exps.reverse()
+            pagination = paginate(
+                len(exps), int((params.get("offset") or ["0"])[-1]), int((params.get("limit") or ["0"])[-1])
+            )
+            page = exps[pagination["startIndex"] : pagination["endIndex"]]
+            return {"experiments": [self.exp_proto(e) for e in page], "pagination": pagination}
+
+    def workloads(self, trial_id: int) -> dict:
+        """GetTrialWorkloads (api_trials.go, static/srv/proto_get_trial_workloads.sql): the
+        trial's training, validation and checkpoint workloads by total_batches. Nothing in the
+        lab's containers reports metrics, so only the checkpoints reported with POST
+        /api/v1/checkpoints appear."""
+        with self.lock:
+            self.get_trial(trial_id)
+            ckpts = sorted(
+                (c for c in self.checkpoints.values() if c["training"]["trialId"] == trial_id),
+                key=lambda c: (c["metadata"].get("steps_completed") or 0, c["reportTime"]),
+            )
+            workloads = [
+                {
+                    "training": None,
+                    "validation": None,
+                    "checkpoint": {
+                        "uuid": c["uuid"],
+                        "endTime": c["reportTime"],
+                        "state": c["state"],
+                        "resources": c["resources"],
+                        "totalBatches": c["metadata"].get("steps_completed") or 0,
+                        "metadata": c["metadata"],
+                    },
+                }
+                for c in ckpts
+            ]
+        n = len(workloads)
+        return {"workloads": workloads, "pagination": paginate(n, 0, -1)}
+
+    def report_checkpoint(self, body: dict) -> None:
+        """ReportCheckpoint (api_trials.go; body: the checkpointv1.Checkpoint itself, api.proto
+        `body: "checkpoint"`): the task must be a known trial's (canDoActionsOnTask: "task
+        '<id>' not found"), the uuid a UUID (checkpointV2FromProtoWithDefaults), an unset state
+        is COMPLETED; GetCheckpoint then shows it as static/views_and_triggers/up/checkpoints.sql
+        proto_checkpoints_view builds it."""
+        task_id = str(body.get("taskId") or "")
+        try:
+            ckpt_uuid = str(uuid.UUID(str(body.get("uuid") or "")))
+        except ValueError as e:
+            raise ApiError(3, f"unconvertable checkpoint: invalid UUID length: {e}") from None
+        state = body.get("state") or "STATE_UNSPECIFIED"
+        if state == "STATE_UNSPECIFIED":
+            state = "STATE_COMPLETED"
+        with self.lock:
+            trial = next((t for t in self.trials.values() if t["task_id"] == task_id), None)
+            if trial is None:
+                raise ApiError(5, f"task '{task_id}' not found")
+            exp = self.experiments[trial["exp"]]
+            self.checkpoints[ckpt_uuid] = {
+                "taskId": task_id,
+                "allocationId": body.get("allocationId") or None,
+                "uuid": ckpt_uuid,
+                "reportTime": body.get("reportTime") or timestamp(time.time()),
+                "resources": {k: str(v) for k, v in (body.get("resources") or {}).items()},
+                "metadata": body.get("metadata") or {},
+                "state": state,
+                "storageId": None,
+                "training": {
+                    "trialId": trial["id"],
+                    "experimentId": exp["id"],
+                    # e.config: the stored configuration, storage credentials included.
+                    "experimentConfig": copy.deepcopy(exp["config"]),
+                    "hparams": trial["hparams"],
+                    "trainingMetrics": {"avgMetrics": None, "batchMetrics": None},
+                    "validationMetrics": {"avgMetrics": None},
+                    "searcherMetric": None,
+                },
+            }
+
+    def get_checkpoint(self, ckpt_uuid: str) -> dict:
+        """GetCheckpoint (api_checkpoint.go): a uuid that does not parse is uuid.Parse's error
+        (a plain error: 500 Internal), an unknown one "checkpoint '<uuid>' not found"."""
+        try:
+            uuid.UUID(ckpt_uuid)
+        except ValueError:
+            raise ApiError(13, f"invalid UUID length: {len(ckpt_uuid)}") from None
+        with self.lock:
+            ckpt = self.checkpoints.get(ckpt_uuid)
+            if ckpt is None:
+                raise ApiError(5, f"checkpoint '{ckpt_uuid}' not found")
+            return copy.deepcopy(ckpt)
+
+    def scheduler(self, pool: dict) -> dict:
+        """The pool's scheduler, else the resource manager's (priority, best fit by default)."""
+        rm = self.master.conf.get("resource_manager") or {}
+        return pool.get("scheduler") or rm.get("scheduler") or {"type": "priority", "fitting_policy": "best"}
+
+    def resource_pools(self) -> dict:
+        """GetResourcePools (api_resourcepool.go; rm/agentrm/agent_resource_manager.go
+        GetResourcePools and createResourcePoolSummary for a static pool)."""
+        rm = self.master.conf.get("resource_manager") or {}
+        pools = []
+        for p in self.master.conf["resource_pools"]:
+            name = p.get("pool_name")
+            sched = self.scheduler(p)
+            kind = sched.get("type") or "priority"
+            with self.lock:
+                agents = self.agent_view(name)
+                queued, scheduled = self.pool_job_counts(name)
+            types = {d.get("type") for a in agents for d in a["devices"]}
+            slot_type = "TYPE_UNSPECIFIED"
+            if agents:
+                slot_type = "TYPE_CUDA" if "cuda" in types else "TYPE_CPU"
+            aux = int(p.get("max_aux_containers_per_agent", 100))
+            details: dict = {"aws": None, "gcp": None, "priorityScheduler": None}
+            if kind == "priority":
+                details["priorityScheduler"] = {
+                    "preemption": bool(sched.get("preemption", False)),
+                    "defaultPriority": int(sched.get("default_priority", 42)),
+                }
+            pools.append(
+                {
+                    "name": name,
+                    "description": p.get("description") or "",
+                    "type": "RESOURCE_POOL_TYPE_STATIC",
+                    "numAgents": len(agents),
+                    "slotsAvailable": sum(a["slots"] for a in agents),
+                    "slotsUsed": sum(a["used"] for a in agents),
+                    "slotType": slot_type,
+                    "auxContainerCapacity": aux * len(agents),
+                    "auxContainersRunning": 0,
+                    "defaultComputePool": (rm.get("default_compute_resource_pool") or "default") == name,
+                    "defaultAuxPool": (rm.get("default_aux_resource_pool") or "default") == name,
+                    "preemptible": False,
+                    "minAgents": 0,
+                    "maxAgents": 0,
+                    "slotsPerAgent": -1,
+                    "auxContainerCapacityPerAgent": aux,
+                    "schedulerType": f"SCHEDULER_TYPE_{kind.upper()}",
+                    "schedulerFittingPolicy": f"FITTING_POLICY_{(sched.get('fitting_policy') or 'best').upper()}",
+                    "location": "on-prem",
+                    "imageId": "",
+                    "instanceType": "",
+                    "masterUrl": "",
+                    "masterCertName": "",
+                    "startupScript": "",
+                    "containerStartupScript": "",
+                    "agentDockerNetwork": "",
+                    "agentDockerRuntime": "",
+                    "agentDockerImage": "",
+                    "agentFluentImage": "",
+                    "maxIdleAgentPeriod": 0,
+                    "maxAgentStartingPeriod": 0,
+                    "details": details,
+                    "accelerator": "",
+                    "stats": {"queuedCount": queued, "scheduledCount": scheduled},
+                    "resourceManagerName": "",
+                    "resourceManagerMetadata": rm.get("metadata") or {},
+                    "clusterName": rm.get("cluster_name") or "",
+                }
+            )
+        return {"resourcePools": pools, "pagination": paginate(len(pools), 0, -1)}
+
+    def pool_jobs(self, pool: str) -> list[dict]:
+        """The pool's experiments holding or awaiting an allocation, in the priority
+        scheduler's order (priority, then submission), as jobv1.Job (callers hold self.lock)."""
+        spec = self.pools().get(pool) or {}
+        default_priority = int(self.scheduler(spec).get("default_priority", 42))
+        jobs = []
+        for exp in sorted(self.experiments.values(), key=lambda e: e["id"]):
+            res = exp["config"]["resources"]
+            if res["resource_pool"] != pool or exp["state"] in TERMINAL:
+                continue
+            trials = [self.trials[t] for t in exp["trials"] if self.trials[t]["state"] == "STATE_ACTIVE"]
+            if not trials:
+                continue
+            allocated = sum(
+                len(c["devices"])
+                for t in trials
+                for c in t["containers"].values()
+                if c["state"] != "TERMINATED"
+            )
+            priority = res.get("priority")
+            jobs.append(
+                {
+                    "summary": {"state": "STATE_SCHEDULED" if allocated else "STATE_QUEUED", "jobsAhead": 0},
+                    "type": "TYPE_EXPERIMENT",
+                    "submissionTime": timestamp(exp["start"]),
+                    "username": exp["user"]["username"],
+                    "userId": exp["user"]["id"],
+                    "resourcePool": pool,
+                    "isPreemptible": True,
+                    "priority": default_priority if priority is None else int(priority),
+                    "weight": float(res.get("weight", 1)),
+                    "entityId": str(exp["id"]),
+                    "jobId": exp["job_id"],
+                    "requestedSlots": res["slots_per_trial"] * len(trials),
+                    "allocatedSlots": allocated,
+                    "name": exp["config"].get("name"),
+                    "progress": 0.0,
+                    "workspaceId": 1,
+                }
+            )
+        jobs.sort(key=lambda j: (j["priority"], j["submissionTime"], int(j["entityId"])))
+        for ahead, job in enumerate(jobs):
+            job["summary"]["jobsAhead"] = ahead
+        return jobs
+
+    def pool_job_counts(self, pool: str) -> tuple[int, int]:
+        jobs = self.pool_jobs(pool)
+        scheduled = sum(j["summary"]["state"] == "STATE_SCHEDULED" for j in jobs)
+        return len(jobs) - scheduled, scheduled
+
+    def job_queue(self, params: dict[str, list[str]]) -> dict:
+        """GetJobsV2 (api_job.go; GET /api/v1/job-queues-v2): the pool's queue (the default
+        compute pool when none is named), each job as jobv1.RBACJob {"full": Job} (the
+        basic authz shows every job in full)."""
+        pool = (params.get("resourcePool") or [""])[-1] or self.default_pool()
+        if pool not in self.pools():
+            raise ApiError(5, f"resource pool '{pool}' not found")
+        with self.lock:
+            jobs = self.pool_jobs(pool)
+        if (params.get("orderBy") or [""])[-1] == "ORDER_BY_DESC":
+            jobs.reverse()
+        states = params.get("states") or []
+        if states:
+            jobs = [j for j in jobs if j["summary"]["state"] in states]
+        pagination = paginate(
+            len(jobs), int((params.get("offset") or ["0"])[-1]), int((params.get("limit") or ["0"])[-1])
+        )
+        page = jobs[pagination["startIndex"] : pagination["endIndex"]]
+        return {"jobs": [{"full": j, "limited": None} for j in page], "pagination": pagination}
+
     # -- scheduling
     def tick(self) -> None:
         """Place queued trials; finish trials whose containers all ended; notice lost agents."""
@@ -961,7 +1347,7 @@ class Trials:
                 present = {a for a, v in self.master.agents.items.items() if v["awaiting"] is None}
             for trial in sorted(self.trials.values(), key=lambda t: t["id"]):
                 exp = self.experiments[trial["exp"]]
-                if trial["state"] != "STATE_ACTIVE":
+                if trial["state"] not in ("STATE_ACTIVE", "STATE_PAUSED"):
                     continue
                 for cid, c in trial["containers"].items():
                     if c["state"] != "TERMINATED" and c["agent"] not in present:
@@ -976,7 +1362,7 @@ class Trials:
                     self.settle(trial, exp)
                 elif trial["killed"]:
                     self.finish(trial, exp, "STATE_CANCELED")
-                elif exp["state"] == "STATE_ACTIVE":
+                elif exp["state"] == "STATE_ACTIVE" and trial["state"] == "STATE_ACTIVE":
                     self.place(trial, exp)
 
     def place(self, trial: dict, exp: dict) -> None:
@@ -1225,6 +1611,9 @@ class Trials:
             self.finish(trial, exp, "STATE_CANCELED")
         elif not failed:
             self.finish(trial, exp, "STATE_COMPLETED")
+        elif trial["state"] == "STATE_PAUSED":
+            trial["alloc_state"] = "QUEUED"  # terminated by the pause: waits for activation
+            self.add_log(trial, f"trial {trial['id']} paused")
         elif trial["restarts"] < exp["config"].get("max_restarts", 5):
             trial["restarts"] += 1
             trial["alloc_state"] = "QUEUED"
@@ -1240,7 +1629,8 @@ class Trials:
         self.add_log(trial, f"trial {trial['id']} ended: {state}")
         trials = [self.trials[t] for t in exp["trials"]]
         if all(t["state"] in TERMINAL for t in trials):
-            if exp["state"] == "STATE_STOPPING_KILLED" or any(t["state"] == "STATE_CANCELED" for t in trials):
+            stopping = exp["state"] in ("STATE_STOPPING_KILLED", "STATE_STOPPING_CANCELED")
+            if stopping or any(t["state"] == "STATE_CANCELED" for t in trials):
                 exp["state"] = "STATE_CANCELED"
             elif all(t["state"] == "STATE_ERROR" for t in trials):
                 exp["state"] = "STATE_ERROR"  # searcher Shutdown{Failure}: "hp search failed"
@@ -1366,11 +1756,39 @@ class Trials:
             user = h.require_user()
             h.reply(200, self.create(h.body_json(), user))
             return True
-        m = re.fullmatch(r"/api/v1/experiments/([0-9]+)(/trials|/kill|/archive)?", path)
+        params = parse_qs(urlsplit(h.path).query, keep_blank_values=True)
+        # Each route: proto/src/determined/api/v1/api.proto at v0.38.0 (google.api.http).
+        queries = {
+            "/api/v1/experiments": lambda: self.list_experiments(params),  # GetExperiments
+            "/api/v1/resource-pools": self.resource_pools,  # GetResourcePools
+            "/api/v1/job-queues-v2": lambda: self.job_queue(params),  # GetJobsV2
+        }
+        if path in queries and method == "GET":
+            h.require_user()
+            h.reply(200, queries[path]())
+            return True
+        if path == "/api/v1/checkpoints" and method == "POST":  # ReportCheckpoint
+            h.require_user()
+            self.report_checkpoint(h.body_json())
+            h.reply(200, {})
+            return True
+        m = re.fullmatch(r"/api/v1/checkpoints/([^/]+)", path)
+        if m and method == "GET":  # GetCheckpoint
+            h.require_user()
+            h.reply(200, {"checkpoint": self.get_checkpoint(m[1])})
+            return True
+        m = re.fullmatch(r"/api/v1/experiments/([0-9]+)(/[a-z]+)?", path)
         if m:
             h.require_user()
             exp_id, action = int(m[1]), m[2] or ""
-            if method == "GET" and action == "":
+            actions = {  # POST /api/v1/experiments/{id}/<action>: empty responses
+                "/kill": self.kill,  # KillExperiment
+                "/cancel": self.cancel,  # CancelExperiment
+                "/archive": self.archive,  # ArchiveExperiment
+                "/pause": lambda i: self.set_paused(i, True),  # PauseExperiment
+                "/activate": lambda i: self.set_paused(i, False),  # ActivateExperiment
+            }
+            if method == "GET" and action == "":  # GetExperiment
                 with self.lock:
                     exp = self.get_exp(exp_id)
                     h.reply(
@@ -1381,32 +1799,30 @@ class Trials:
                             "config": printable_config(exp["config"]),
                         },
                     )
-            elif method == "GET" and action == "/trials":
+            elif method == "GET" and action == "/trials":  # GetExperimentTrials
                 with self.lock:
                     exp = self.get_exp(exp_id)
                     trials = [self.trial_proto(self.trials[t]) for t in exp["trials"]]
                 n = len(trials)
-                pagination = {"offset": 0, "limit": 0, "startIndex": 0, "endIndex": n, "total": n}
-                h.reply(200, {"trials": trials, "pagination": pagination})
-            elif method == "POST" and action == "/kill":
-                self.kill(exp_id)
+                h.reply(200, {"trials": trials, "pagination": paginate(n, 0, -1)})
+            elif method == "POST" and action in actions:
+                actions[action](exp_id)
                 h.reply(200, {})
-            elif method == "POST" and action == "/archive":
-                self.archive(exp_id)
-                h.reply(200, {})
-            elif method == "DELETE" and action == "":
+            elif method == "DELETE" and action == "":  # DeleteExperiment
                 self.delete(exp_id)
                 h.reply(200, {})
             else:
-                raise ApiError(5, "Not Found")
+                raise ApiError(*UNKNOWN_URI)
             return True
-        m = re.fullmatch(r"/api/v1/trials/([0-9]+)(/logs)?", path)
+        m = re.fullmatch(r"/api/v1/trials/([0-9]+)(/logs|/workloads)?", path)
         if m and method == "GET":
             h.require_user()
             trial_id = int(m[1])
-            if m[2]:
+            if m[2] == "/logs":  # TrialLogs
                 self.stream_logs(h, trial_id)
-            else:
+            elif m[2] == "/workloads":  # GetTrialWorkloads
+                h.reply(200, self.workloads(trial_id))
+            else:  # GetTrial
                 with self.lock:
                     h.reply(200, {"trial": self.trial_proto(self.get_trial(trial_id))})
             return True
@@ -1447,6 +1863,28 @@ class Trials:
                 break
         h.wfile.write(b"0\r\n\r\n")
         h.wfile.flush()
+
+
+def paginate(total: int, offset: int, limit: int) -> dict:
+    """apiv1.Pagination as runPagedBunExperimentsQuery (api_experiment.go) computes it."""
+    start = offset
+    if offset > total or offset < -total:
+        start = total
+    elif offset < 0:
+        start = total + offset
+    if limit == -2:
+        end = start
+    elif limit == -1:
+        end = total
+    elif limit == 0:
+        end = min(start + 100, total)
+    else:
+        end = min(start + limit, total)
+    return {"offset": offset, "limit": limit, "startIndex": start, "endIndex": end, "total": total}
+
+
+def _ckpt_size(ckpt: dict) -> int:
+    return sum(int(v) for v in (ckpt.get("resources") or {}).values())
 
 
 def printable_config(config: dict) -> dict:
