@@ -11,6 +11,10 @@
   trial and removes its container; archive is refused until the experiment ended;
 - invalid configs are refused with the real master's texts (an unknown key such as
   checkpoint_storage.region, more slots than the pool has);
+- the real `det` CLI of the pinned determined package, as an operator types it against the
+  lab's master: login, version, master info and config, users, agents and slots, a drain and
+  an enable, an experiment created from a model directory through its life (list, describe,
+  trial describe and logs, job list, pause, activate, kill, archive);
 - no trial container is left on any agent.
 """
 
@@ -18,10 +22,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +264,104 @@ def test_trial_containers_carry_the_real_labels(api, lab, lab_ssh):
     finally:
         api.call("POST", f"/api/v1/experiments/{exp_id}/kill")
         api.wait(exp_id, timeout=60)
+
+
+# --- the real `det` CLI (determined==0.38.0, the project's own dependency) ------------------------
+
+DET = Path(sys.executable).parent / "det"
+
+
+def cells(table: str) -> list[list[str]]:
+    """The cells of each line of a tabulated CLI answer."""
+    return [[c.strip() for c in line.split("|")] for line in table.splitlines() if "|" in line]
+
+
+class Det:
+    """`det` in a subprocess: DET_MASTER names the lab's master, its own HOME holds the login
+    (auth.json), no terminal (getpass reads the password from stdin: never on a command line)."""
+
+    def __init__(self, cluster, home: Path):
+        self.master = f"http://{cluster.master_node.address}:{cluster.master_port}"
+        self.home = home
+        (home / "model").mkdir()
+        (home / "model" / "train.py").write_text(
+            "import sys, time\nprint('step 1 loss 0.5', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+        )
+
+    def __call__(self, *args: str, stdin: str = "", ok: bool = True) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "AWS_"))}
+        env.update(DET_MASTER=self.master, HOME=str(self.home), XDG_CONFIG_HOME=str(self.home / ".config"))
+        result = subprocess.run(
+            [str(DET), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=self.home,
+            start_new_session=True,
+            env=env,
+        )
+        out = result.stdout + result.stderr
+        assert (result.returncode == 0) == ok, f"det {' '.join(args)} -> {result.returncode}:\n{out}"
+        assert "Traceback" not in out, out
+        return out
+
+    def create(self, seconds: int) -> int:
+        (self.home / "experiment.yaml").write_text(
+            experiment_yaml(f"python3 train.py {seconds}").replace("lab-trials", "det-cli")
+        )
+        out = self("experiment", "create", "experiment.yaml", "model")
+        return int(out.rsplit("Created experiment ", 1)[1].split()[0])
+
+
+# Long: one operator session; each step reads the state the one before left (its own lab test
+# would pay for another set of trials on the shared lab).
+def test_the_real_det_cli_against_the_lab_master(api, lab, tmp_path):
+    det = Det(lab, tmp_path)
+    password = lab.determined.admin_password.value
+    out = det("user", "login", "admin", stdin=password + "\n")
+    assert "Password for user 'admin'" in out and password not in out
+    assert "client:\n  version: 0.38.0" in det("version")
+    info = json.loads(urllib.request.urlopen(det.master + "/info", timeout=30).read())
+    assert f"clusterId: {info['cluster_id']}" in det("master", "info")
+    assert "You are logged in as user 'admin'" in det("user", "whoami")
+    assert " admin " in det("user", "list")
+    agents = det("agent", "list")
+    assert all(a.hostname in agents for a in lab.agents), agents
+    config = det("master", "config")
+    assert "secret_key: '********'" in config and lab.storage.secret_key.value not in config
+    slots = [r for r in cells(det("slot", "list")) if r and r[0] == lab.agents[0].hostname]
+    assert len(slots) == lab.agents[0].slots, slots
+
+    agent = lab.agents[-1].hostname
+    out = det("agent", "disable", "--drain", agent)
+    assert f"Disabled agent {agent}." in out and "Failed" not in out, out
+    assert f"Enabled agent {agent}." in det("agent", "enable", agent)
+
+    exp_id = det.create(0)
+    trial = api.wait(exp_id)
+    assert trial["state"] == "STATE_COMPLETED", api.logs(trial["id"])
+    listed = [r for r in cells(det("experiment", "list")) if r[0] == str(exp_id)]
+    assert len(listed) == 1 and listed[0][1:3] == ["admin", "det-cli"] and listed[0][4] == "COMPLETED"
+    assert "COMPLETED" in det("experiment", "describe", str(exp_id))
+    described = cells(det("trial", "describe", str(trial["id"])))
+    assert described[1][:2] == [str(exp_id), "COMPLETED"], described
+    assert "step 1 loss 0.5" in det("trial", "logs", str(trial["id"]))
+    assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))
+
+    exp_id = det.create(600)
+    try:
+        trial = api.wait(exp_id, states=("STATE_RUNNING",) + TERMINAL)
+        assert trial["state"] == "STATE_RUNNING", api.logs(trial["id"])
+        assert f"det-cli ({exp_id})" in det("job", "list")
+        assert f"Paused experiment {exp_id}" in det("experiment", "pause", str(exp_id))
+        assert api.wait(exp_id, states=("STATE_PAUSED",) + TERMINAL, timeout=60)["state"] == "STATE_PAUSED"
+        assert f"Activated experiment {exp_id}" in det("experiment", "activate", str(exp_id))
+        assert api.wait(exp_id, states=("STATE_RUNNING",) + TERMINAL)["state"] == "STATE_RUNNING"
+        assert "Experiment is not in terminal state." in det("experiment", "archive", str(exp_id), ok=False)
+    finally:
+        out = det("experiment", "kill", str(exp_id))
+    assert f"Killed experiment {exp_id}" in out
+    assert api.wait(exp_id, timeout=60)["state"] == "STATE_CANCELED"
+    assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))
