@@ -6,4 +6,7 @@ import sys
 from deploy.short_yaml import main
 
 if __name__ == "__main__":
+    from deploy.cli import alias_note
+
+    alias_note("deploy.article", "short-yaml --cluster FILE")
     sys.exit(main())

@@ -39,6 +39,15 @@ from deploy.inventory import InventoryError, inventory_for
 PROG = "python -m deploy"
 
 
+def alias_note(old: str, verb: str) -> None:
+    """The one line an old command prints before it runs (stderr: its output stays the same)."""
+    print(
+        f"note: `python -m {old}` is an alias kept for one release: use `{PROG} {verb}`",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _module(name: str):
     """Imported when its verb runs: verify and experiment pull in pytest and jsonschema
     (0.7 s each), which `check` has no use for."""

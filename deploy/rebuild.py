@@ -336,4 +336,7 @@ def rebuild(
 
 
 if __name__ == "__main__":
+    from deploy.cli import alias_note
+
+    alias_note("deploy.rebuild", "rebuild --cluster FILE NODE")
     sys.exit(main())

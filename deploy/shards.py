@@ -333,4 +333,7 @@ def sharded(argv: list[str], prog: str, name: str, shown_argv: list[str]) -> int
 
 
 if __name__ == "__main__":
+    from deploy.cli import alias_note
+
+    alias_note("deploy.shards", "shards --cluster FILE")
     sys.exit(main())

@@ -94,4 +94,7 @@ def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
 
 
 if __name__ == "__main__":
+    from deploy.cli import alias_note
+
+    alias_note("deploy.experiment", "experiment new|lint --cluster FILE")
     sys.exit(main())

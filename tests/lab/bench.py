@@ -360,7 +360,7 @@ def bench_size(size: int, octet: int, workdir: Path) -> list[dict]:
         rows.append(measure("cold deploy", deploy, addresses, caches))
         rows.append(measure("no-op re-deploy", deploy, addresses, caches))
         rows.append(measure(f"no-op re-deploy, {os.cpu_count()} shards", sharded, addresses, caches))
-        verify = [sys.executable, "-m", "tests.verify", "--cluster", str(path)]
+        verify = [sys.executable, "-m", "deploy", "verify", "--cluster", str(path)]
         rows.append(measure("verify", verify, addresses, caches))
         # Its spread over several runs of the healthy lab (verify_spread), and on a lab whose
         # every slot users hold (its smoke rows say busy: no red cell, not much slower).

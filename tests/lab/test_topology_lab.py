@@ -10,7 +10,7 @@ A stopped agent stays listed by the master, disabled, for agent_reconnect_wait (
 checks here judge enabled agents at once and then wait for the stale ones to be dropped.
 
 The NVLink lines (each node's domains, the largest trial inside one domain) are printed by
-`python -m tests.verify` after its matrix, from what its topology checks read on the nodes.
+`python -m deploy verify` after its matrix, from what its topology checks read on the nodes.
 """
 
 import subprocess
@@ -35,9 +35,9 @@ SUMMARY = "--> largest slots_per_trial inside one NVLink domain on every agent n
 
 
 def verify_command(*args, cluster=LAB_CLUSTER) -> subprocess.CompletedProcess:
-    """`python -m tests.verify`: its matrix, then the NVLink lines (two workers: the lab host's cores)."""
+    """`python -m deploy verify`: its matrix, then the NVLink lines (two workers: the lab host's cores)."""
     return subprocess.run(
-        [sys.executable, "-m", "tests.verify", "--cluster", str(cluster), "-n", "2", *args],
+        [sys.executable, "-m", "deploy", "verify", "--cluster", str(cluster), "-n", "2", *args],
         check=False,
         cwd=REPO,
         capture_output=True,

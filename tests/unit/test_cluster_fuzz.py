@@ -233,7 +233,8 @@ def test_check_command_never_prints_a_traceback(tmp_path):
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert run.stdout == ""
-    lines = run.stderr.splitlines()
+    note, *lines = run.stderr.splitlines()  # the old command's alias note, then the problems
+    assert note.startswith("note: `python -m deploy.cluster check` is an alias"), note
     for file in files:
         assert any(line.startswith(file + ":") for line in lines), file
     assert all(line.startswith(tuple(files)) for line in lines)

@@ -430,3 +430,6 @@ def test_the_old_commands_still_answer(module, args, status):
     assert result.returncode == status, result.stderr
     assert "Traceback" not in result.stderr
     assert ("usage:" in result.stdout) if status == 0 else ("usage:" in result.stderr)
+    # Each says, first, which command replaces it (stderr: its own output is unchanged).
+    note = result.stderr.splitlines()[0]
+    assert note.startswith(f"note: `python -m {module}") and "use `python -m deploy " in note, note

@@ -202,4 +202,7 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, require_cluster: bo
 
 
 if __name__ == "__main__":
+    from deploy.cli import alias_note
+
+    alias_note("tests.verify", "verify --cluster FILE")
     sys.exit(main())
