@@ -327,3 +327,14 @@ def test_parse_sminfo_failures():
         "failed": "can't resolve sm port (null)"
     }
     assert parse_sminfo("bash: sminfo: command not found\n") is None
+
+
+def test_the_drain_state_follows_xdg_state_home(monkeypatch, tmp_path):
+    from tests.verify.drain import state_file
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert state_file(None) == tmp_path / "gpu-cluster" / "drained-agents.json"
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/dir")  # the spec: ignored
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert state_file(None) == tmp_path / "home" / ".local" / "state" / "gpu-cluster" / "drained-agents.json"
+    assert state_file("~/x.json") == tmp_path / "home" / "x.json"

@@ -13,10 +13,10 @@ earlier by this tool whose health rows are all green again gets them enabled:
 A node is never drained because its health could not be read: a row that failed with "could
 not run", in its setup, or over SSH counts as unknown, and a node with unknown rows and no red
 one keeps its state. Only agents this tool disabled are enabled again: their ids are kept in
---drain-state (default ~/.local/state/gpu-cluster/drained-agents.json), so an agent an
-operator disabled by hand stays disabled. Every action is logged, with its reason, to stdout
-and to --drain-log (verify passes drain.log in its --reports directory; without it the default
-is reports/drain.log under pytest's rootdir).
+--drain-state (default $XDG_STATE_HOME/gpu-cluster/drained-agents.json; ~/.local/state/...
+when XDG_STATE_HOME is unset), so an agent an operator disabled by hand stays disabled.
+Every action is logged, with its reason, to stdout and to --drain-log (verify passes drain.log
+in its --reports directory; without it the default is reports/drain.log under pytest's rootdir).
 """
 
 from __future__ import annotations
@@ -29,9 +29,16 @@ from pathlib import Path
 
 import pytest
 
+from deploy.state import state_home
+
 HEALTH_MODULE = "test_health.py"
 COULD_NOT_RUN = "could not run"
-DEFAULT_STATE = "~/.local/state/gpu-cluster/drained-agents.json"
+
+
+def state_file(given: str | None) -> Path:
+    """--drain-state, or the toolkit's state directory (deploy/state.py: XDG_STATE_HOME, as
+    verify's reports)."""
+    return Path(os.path.expanduser(given)) if given else state_home() / "drained-agents.json"
 
 
 def pytest_addoption(parser):
@@ -42,7 +49,11 @@ def pytest_addoption(parser):
         action="store_true",
         help="disable the Determined agents of nodes with red health rows; re-enable them when green",
     )
-    group.addoption("--drain-state", default=DEFAULT_STATE, help="agents this tool disabled (JSON)")
+    group.addoption(
+        "--drain-state",
+        default=None,
+        help="agents this tool disabled (JSON; default $XDG_STATE_HOME/gpu-cluster/drained-agents.json)",
+    )
     group.addoption("--drain-log", default=None, help="append each action here (default reports/drain.log)")
 
 
@@ -131,7 +142,7 @@ class Drainer:
         from tests.verify.master_api import _agents_of, admin_token, list_agents
 
         cluster = _cluster(self.config.getoption("--cluster"))
-        state = Path(os.path.expanduser(self.config.getoption("--drain-state")))
+        state = state_file(self.config.getoption("--drain-state"))
         log = Path(self.config.getoption("--drain-log") or self.config.rootpath / "reports" / "drain.log")
         drained = set(json.loads(state.read_text())) if state.exists() else set()
         token = admin_token(cluster)
