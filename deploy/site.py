@@ -13,6 +13,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import operation
 
+from deploy import training
 from deploy.cluster import Cluster, Node
 from roles.apt import proxy as apt_proxy
 from roles.determined import agent as determined_agent
@@ -41,6 +42,12 @@ def run() -> None:
     cluster: Cluster = host.data.cluster
     node: Node = host.data.node
     roles = node.roles
+    # Asked of the master once per deploy: what runs on this agent node (deploy/training.py).
+    busy = (
+        training.busy(cluster, node, host.data.get(training.ACCEPT_KEY))
+        if "agent" in roles
+        else training.IDLE
+    )
     preflight.apply(cluster=cluster, node=node)
     apt_proxy.apply(cluster=cluster, node=node)
     hosts.apply(cluster=cluster, node=node)
@@ -58,7 +65,7 @@ def run() -> None:
     # After MLNX_OFED, which installs opensm: on network.subnet_manager's node only.
     opensm.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        nvidia_driver.apply(cluster=cluster, node=node)
+        nvidia_driver.apply(cluster=cluster, node=node, busy=busy)
     if "agent" in roles:
         gpu_services.apply(cluster=cluster, node=node)
     if "agent" in roles:
@@ -76,7 +83,7 @@ def run() -> None:
     if "master" in roles:
         determined_users.apply(cluster=cluster, node=node)
     if "agent" in roles:
-        docker.apply(cluster=cluster, node=node)
+        docker.apply(cluster=cluster, node=node, busy=busy)
     if "agent" in roles:
         task_images.apply(cluster=cluster, node=node)
     barrier(

@@ -10,6 +10,9 @@ configure: `nvidia-ctk runtime configure --runtime=docker` only when daemon.json
            then the toolkit's own settings merged into what is there (daemon_settings), the
            file rewritten only when one of them is missing or different
 activate:  docker enabled and running; restarted only when daemon.json changed
+guard:     a restart of Docker ends every container on the node, so while the master runs
+           trials there (deploy/training.py) a daemon.json that would change stops the host
+           before anything is written, naming them (accepted with --data disruptive=yes)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
 from deploy.pins import container_toolkit_pins
+from deploy.training import IDLE, Busy
 from roles.apt import cuda_repo as apt_pins
 from roles.shared.ops import fail, packages
 
@@ -106,14 +110,35 @@ def daemon_json(settings: dict):
     )
 
 
+@operation()
+def containers_kept(settings: dict, refusal: str):
+    """Stop this host if daemon.json would change now (nvidia-ctk's runtime or `settings`):
+    the restart that follows ends the trials named in `refusal`."""
+    current = host.get_fact(FileContents, path=DAEMON_JSON)
+    try:
+        changes = RUNTIME not in runtimes(current) or merged(current, settings) is not None
+    except ValueError:
+        changes = False  # daemon_json stops the host over the unreadable file itself
+    if not changes:
+        host.noop(f"{DAEMON_JSON} stays as it is: Docker keeps its containers")
+        return
+    yield fail(refusal)
+
+
 @deploy("Docker and the NVIDIA Container Toolkit")
-def apply(cluster: Cluster, node: Node) -> None:
+def apply(cluster: Cluster, node: Node, busy: Busy = IDLE) -> None:
     packages(["docker.io"], "Docker")
     # @deploy's typing gives every deploy an OperationMeta result; cuda_repo returns a Repo.
     repo = cast(apt_pins.Repo, apt_pins.cuda_repo(cluster=cluster))
     apt_pins.pinned(pinset=container_toolkit_pins(), repo=repo)
-    runtime = nvidia_runtime(name="Docker knows the nvidia runtime (nvidia-ctk)")
     memlock = cluster.determined.memlock_bytes
+    if busy.guarded:
+        containers_kept(
+            name="Docker's daemon.json unchanged while trials run here",
+            settings=daemon_settings(memlock),
+            refusal=busy.refusal("restarting Docker for a new daemon.json"),
+        )
+    runtime = nvidia_runtime(name="Docker knows the nvidia runtime (nvidia-ctk)")
     shown = "unlimited" if memlock == -1 else f"{memlock} bytes"
     settings = daemon_json(
         name=f"Docker's default ulimits: memlock {shown}", settings=daemon_settings(memlock)

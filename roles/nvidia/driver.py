@@ -11,6 +11,9 @@ activate:  a reboot when the driver packages changed (reboot: auto), confirmed b
            /proc/sys/kernel/random/boot_id and nvidia-smi; a unit wanted at boot (BOOT_UNITS)
            that failed during that boot is started once more, and fails the host if it fails
            again; with reboot: never, a warning that one is pending
+guard:     while the master runs trials on the node (deploy/training.py), a reboot it would
+           take stops the host instead, naming them; the reboot stays owed (below) for the
+           deploy after the node is drained (or accepted with --data disruptive=yes)
 
 A reboot still owed from an interrupted run is remembered the Debian way, in
 /run/reboot-required(.pkgs), written just before the driver packages are installed: /run is
@@ -33,9 +36,11 @@ from pyinfra.operations import files, python, server
 
 from deploy.cluster import Cluster, Node
 from deploy.pins import driver_pins
+from deploy.training import IDLE, Busy
 from roles.apt import cuda_repo as apt_pins
 from roles.fabric import mofed
 from roles.shared import kernel
+from roles.shared.guards import not_while_training
 from roles.shared.scripts import script
 from roles.shared.templates import files_path
 
@@ -141,7 +146,7 @@ def _warn_reboot_pending(state, host):
 
 
 @deploy("NVIDIA driver")
-def apply(cluster: Cluster, node: Node) -> None:
+def apply(cluster: Cluster, node: Node, busy: Busy = IDLE) -> None:
     # Long: the driver's operations in the order they run (repo, pins, hold, DKMS check, reboot):
     # the role reads as its plan
     pinset = driver_pins(cluster.versions.nvidia_driver)
@@ -182,6 +187,12 @@ def apply(cluster: Cluster, node: Node) -> None:
     listed = host.get_fact(FileContents, path=f"{REBOOT_REQUIRED}.pkgs") or []
     owed = reboot_pending({line.strip() for line in listed}, packages)
     if cluster.reboot == "auto":
+        if busy.guarded:
+            not_while_training(
+                name="No reboot while trials run here",
+                refusal=busy.refusal("rebooting into the new NVIDIA driver"),
+                _if=lambda: owed or installed.did_change(),
+            )
         rebooted = reboot(
             name="Reboot into the new NVIDIA driver (confirmed by a new boot_id)",
             _if=lambda: owed or installed.did_change(),

@@ -13,7 +13,9 @@ its row red with the hint that fits it, and is repaired before the next (try/fin
    save row says SignatureDoesNotMatch -> the keys hint; a deploy repairs it.
 4. master.yaml's task defaults: the IPoIB port named for every trial (the single-agent row,
    NCCL's error), then a CUDA 12.4 default image (every row, the CUDA runtime's words).
-5. Every slot busy: every row "not run: busy", no red cell.
+5. Every slot busy: every row "not run: busy", no red cell; a deploy that would restart
+   Docker for a new daemon.json (determined.memlock_bytes) stops every agent first, naming
+   its trials, which keep running.
 
 Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
 checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
@@ -34,8 +36,9 @@ from tests.verify import smoke_client as sc
 from tests.verify.master_api import _http, _master_url, admin_token
 
 from .busy import every_slot_held
-from .conftest import run_verify
+from .conftest import LAB_CLUSTER, _inventory_for, run_deploy, run_verify
 from .test_day_two_lab import wait_registered
+from .test_trials_lab import Api
 
 SAVE, RESTORE, ALLREDUCE, SINGLE = (
     "test_smoke_trial_saves_a_checkpoint",
@@ -272,13 +275,36 @@ def _no_leftovers_before(lab):
     list(client.remove_objects(lab.storage.bucket, [DeleteObject(n) for n in names]))
 
 
-def test_busy_cluster_smoke_rows_say_busy(deployed, lab, tmp_path):
+def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed, lab, lab_ssh, tmp_path):
     """Every slot held by a user's long experiment: each smoke row is "not run: busy", naming the
-    experiments, within seconds; nothing is red, and the slots are given back afterwards."""
-    with every_slot_held(lab):
+    experiments, within seconds; nothing is red, and the slots are given back afterwards.
+    Meanwhile the plain deploy of a setting that restarts Docker (determined.memlock_bytes, in
+    daemon.json) stops every agent before the file is written, naming the trials on it
+    (deploy/training.py): Docker keeps running and so do they."""
+    changed = tmp_path / "memlock" / "cluster.yaml"
+    changed.parent.mkdir()
+    text = LAB_CLUSTER.read_text()
+    assert text.count("memlock_bytes: 8388608\n") == 1
+    changed.write_text(text.replace("memlock_bytes: 8388608\n", "memlock_bytes: 16777216\n"))
+    docker_since = "systemctl show -p ActiveEnterTimestampMonotonic --value docker.service"
+    with every_slot_held(lab) as held:
         rows, matrix, out, seconds = run_smoke(tmp_path, "busy")
         assert rows == {SAVE: "skip", RESTORE: "skip", ALLREDUCE: "skip", SINGLE: "skip"}, out[-4000:]
         assert out.count("not run: busy") >= 3 and "lab-busy-0" in out, out[-4000:]
         assert ", 0 red cells," in matrix and "**FAIL**" not in matrix, matrix
         print(f"smoke on the busy lab: {seconds:.1f}s")
+
+        since = {a.hostname: lab_ssh(a.hostname, docker_since).stdout for a in lab.agents}
+        run = run_deploy(inventory=_inventory_for(changed))
+        assert run.returncode != 0, run.stderr[-3000:]
+        for agent in lab.agents:
+            refusal = (
+                f"{agent.hostname}: restarting Docker for a new daemon.json would end what the "
+                "master runs here: Trial "
+            )
+            assert refusal in run.stderr, run.stderr[-4000:]
+            assert lab_ssh(agent.hostname, docker_since).stdout == since[agent.hostname]
+            assert '"Soft": 8388608' in lab_ssh(agent.hostname, "cat /etc/docker/daemon.json").stdout
+        api = Api(lab)
+        assert {api.trial(exp_id)["state"] for exp_id in held} == {"STATE_RUNNING"}
     assert leftovers(lab) == []

@@ -78,6 +78,7 @@ from deploy.pins import (
     fabricmanager_pins,
     ofed_release,
 )
+from deploy.training import Busy
 from roles.apt import proxy as apt_proxy
 from roles.determined import agent as determined_agent
 from roles.determined import docker, task_images
@@ -1341,3 +1342,55 @@ def test_opensm_unset_changes_nothing(lab):
     unset = dataclasses.replace(lab, network=dataclasses.replace(lab.network, subnet_manager=None))
     node = unset.node("lab-master")
     assert changing(plan(opensm.apply, opensm_on(unset, node), cluster=unset, node=node)) == []
+
+
+# --- the training guard (deploy/training.py): no Docker restart, no reboot under running trials ----
+
+BUSY = Busy(node="lab-gpu1", holders=("Trial 7 (Experiment 5)",))
+
+
+def test_docker_refuses_a_new_daemon_json_while_trials_run(lab):
+    node = lab.node("lab-gpu1")
+    cold = cold_plan(lab, next(c for c in CASES if c.role is docker))
+    more = dataclasses.replace(lab.determined, memlock_bytes=16777216)
+    changed = dataclasses.replace(lab, determined=more)
+    steps = plan(docker.apply, docker_deployed(lab, node, cold), cluster=changed, node=node, busy=BUSY)
+    # The stop comes before anything is written: pyinfra ends the host there, so daemon.json
+    # and Docker stay as they are (the plan shows what would follow, as the harness completes
+    # every operation).
+    stop, *after = [p for p in steps if p.changes]
+    assert [p.name.split(" | ", 1)[1] for p in after] == [
+        "Docker's default ulimits: memlock 16777216 bytes",
+        "Restart Docker for its new daemon.json",
+    ]
+    assert stop.name.endswith("Docker's daemon.json unchanged while trials run here")
+    assert "restarting Docker for a new daemon.json would end what the master runs here" in stop.text
+    assert "Trial 7 (Experiment 5)" in stop.text and "--data disruptive=yes" in stop.text
+    assert stop.text.endswith("exit 1")
+    # The same settings: no stop, no change, however busy the node.
+    same = plan(docker.apply, docker_deployed(lab, node, cold), cluster=lab, node=node, busy=BUSY)
+    assert changing(same) == []
+    # Accepted: the change and the restart, as on an idle node.
+    accepted = dataclasses.replace(BUSY, accepted=True)
+    steps = plan(docker.apply, docker_deployed(lab, node, cold), cluster=changed, node=node, busy=accepted)
+    names = [n.split(" | ", 1)[1] for n in changing(steps)]
+    assert names == [
+        "Docker's default ulimits: memlock 16777216 bytes",
+        "Restart Docker for its new daemon.json",
+    ]
+
+
+def test_no_reboot_into_a_new_driver_while_trials_run(lab):
+    node = lab.node("lab-gpu1")
+    steps = plan(nvidia_driver.apply, fresh(lab, node), cluster=lab, node=node, busy=BUSY)
+    names = [p.name.split(" | ", 1)[1] for p in steps if p.changes]
+    stop = names.index("No reboot while trials run here")
+    assert names[stop + 1].startswith("Reboot into the new NVIDIA driver")  # pyinfra stops there
+    [guard] = [p for p in steps if p.name.endswith("No reboot while trials run here")]
+    assert "rebooting into the new NVIDIA driver would end what the master runs here" in guard.text
+    # As deployed (nothing installed, no reboot owed): the guard has nothing to stop.
+    cold = plan(nvidia_driver.apply, fresh(lab, node), cluster=lab, node=node)
+    assert (
+        changing(plan(nvidia_driver.apply, deployed(lab, node, cold), cluster=lab, node=node, busy=BUSY))
+        == []
+    )
