@@ -22,7 +22,8 @@ def main() -> int:
             chief_ip=info.container_addrs[0],
         )
     hold = float(info.trial.hparams.get("hold", 0))
-    with core.init(distributed=distributed) as ctx:
+    # MANUAL: no TensorBoard metric writer (AUTO needs torch or tensorflow).
+    with core.init(distributed=distributed, tensorboard_mode=core.TensorboardMode.MANUAL) as ctx:
         gathered = ctx.distributed.allgather(ctx.distributed.rank)
         print(f"allgather {json.dumps(gathered)}", flush=True)
         latest = info.latest_checkpoint
