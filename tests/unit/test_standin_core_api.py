@@ -129,6 +129,7 @@ class Container:
             body = {"logs": [{"container_id": self.spec["container_id"], "stdtype": "stdout", "message": line}]}
             self.lab.master.request("POST", f"/agents/logs?id={self.agent}", body)
         code = self.proc.wait()
+        (self.root / "output.log").write_text("".join(self.output))  # for a failure's reader
         self.lab.master.request(
             "POST",
             f"/agents/containers?id={self.agent}",
@@ -185,13 +186,118 @@ def take(lab: Lab, n: int = 1) -> list[Container]:
     return [Container(lab, spec, agent) for agent, spec in sorted(found, key=lambda f: f[1]["rank"])]
 
 
+def session(lab: Lab):
+    """An API session of the pinned package: its bindings check the answers' JSON shapes."""
+    from determined.common import api
+
+    return api.Session(f"http://127.0.0.1:{lab.master.port}", username="admin", token=lab.token, cert=None)
+
+
+def objects(lab: Lab, prefix: str) -> dict[str, bytes]:
+    client = lab.minio.client(MINIO_SECRET, REGION, MINIO_USER)
+    out = {}
+    for o in client.list_objects(BUCKET, prefix=prefix, recursive=True):
+        out[o.object_name[len(prefix) :]] = client.get_object(BUCKET, o.object_name).read()
+    return out
+
+
 @pytest.mark.pg
-def test_a_core_api_trial_completes_and_its_reports_read_back(lab):
+def test_a_core_api_trial_completes_and_its_reports_read_back(lab):  # Long: one trial end to end
+    from determined.common.api import bindings
+
     exp_id, (box,) = start(lab, experiment("core-api"))
     try:
         assert box.wait() == 0, box.text
     finally:
         box.kill()
-    print(box.text)
-    print(lab.master.log.read_text()[-20000:])
-    assert "done" in box.text
+    assert "done at 4" in box.text and "allgather [0]" in box.text, box.text
+    sess = session(lab)
+    exp = bindings.get_GetExperiment(sess, experimentId=exp_id).experiment
+    assert exp.state == bindings.experimentv1State.COMPLETED and exp.progress == 1.0
+    trial_id = exp.trialIds[0]
+    trial = bindings.get_GetTrial(sess, trialId=trial_id).trial
+    assert trial.state == bindings.trialv1State.COMPLETED and trial.totalBatchesProcessed == 4
+    assert trial.latestValidation is not None and trial.latestValidation.metrics.avgMetrics == {"loss": 0.25}
+    assert trial.bestValidation is not None and trial.searcherMetricValue == 0.25
+    assert trial.summaryMetrics is not None
+    assert trial.summaryMetrics["avg_metrics"]["loss"]["count"] == 4
+    assert trial.summaryMetrics["avg_metrics"]["loss"]["last"] == 0.25
+    assert trial.summaryMetrics["validation_metrics"]["loss"]["last"] == 0.25
+
+    # The SDK's reader (common/experimental/trial.py iter_metrics: GetMetrics).
+    reports = [m for r in bindings.get_GetMetrics(sess, trialIds=[trial_id], group="validation") for m in r.metrics]
+    assert [(m.totalBatches, m.metrics["avg_metrics"]) for m in reports] == [(4, {"loss": 0.25})]
+    training = [m for r in bindings.get_GetTrainingMetrics(sess, trialIds=[trial_id]) for m in r.metrics]
+    assert [m.totalBatches for m in training] == [1, 2, 3, 4]
+
+    ckpts = bindings.get_GetExperimentCheckpoints(sess, id=exp_id).checkpoints
+    assert sorted(c.metadata["steps_completed"] for c in ckpts) == [2, 4]
+    last = next(c for c in ckpts if c.metadata["steps_completed"] == 4)
+    assert last.training.validationMetrics.avgMetrics == {"loss": 0.25} and last.training.searcherMetric == 0.25
+    assert last.storageId is not None and last.state == bindings.checkpointv1State.COMPLETED
+    assert f"checkpoint {last.uuid} at 4" in box.text
+    files = objects(lab, f"lab/{last.uuid}/")
+    assert files["state"] == b"4" and files["weights.bin"] == bytes(range(256)) * 4
+    assert json.loads(files["metadata.json"])["steps_completed"] == 4
+    assert last.resources == {name: str(len(data)) for name, data in files.items()}
+
+    listed = lab.det("experiment", "list-checkpoints", str(exp_id))
+    assert last.uuid in listed and "0.25" in listed
+    best = lab.det("experiment", "list-checkpoints", str(exp_id), "--best", "1")
+    assert last.uuid in best
+    described = lab.det("trial", "describe", str(trial_id), "--metrics")
+    assert "Workload Metrics" in described and '"loss": 0.25' in described and "COMPLETED" in described
+    assert "done at 4" in lab.det("trial", "logs", str(trial_id))
+
+
+@pytest.mark.pg
+def test_a_pause_preempts_the_trial_which_checkpoints_exits_and_resumes(lab):
+    from determined.common.api import bindings
+
+    exp_id, (box,) = start(lab, experiment("core-api-pause", hold=60))
+    try:
+        wait_for(lambda: " at 2\n" in box.text, 60, "the checkpoint at step 2:\n" + box.text)
+        lab.det("experiment", "pause", str(exp_id))
+        assert box.wait(30) == 0, box.text  # no kill: the harness saw the signal and exited
+        assert "preempted at 2" in box.text and "done" not in box.text
+        sess = session(lab)
+        trial_id = bindings.get_GetExperiment(sess, experimentId=exp_id).experiment.trialIds[0]
+        assert bindings.get_GetTrial(sess, trialId=trial_id).trial.state == bindings.trialv1State.PAUSED
+        ckpt = bindings.get_GetExperimentCheckpoints(sess, id=exp_id).checkpoints[0]
+        assert ckpt.metadata["steps_completed"] == 2
+
+        lab.det("experiment", "activate", str(exp_id))
+        (again,) = take(lab)
+        assert f"DET_LATEST_CHECKPOINT={ckpt.uuid}" in again.spec["env"]
+        assert "DET_STEPS_COMPLETED=2" in again.spec["env"]
+        assert again.wait() == 0, again.text
+        assert f"resumed from {ckpt.uuid} at 2" in again.text and "done at 4" in again.text
+        trial = bindings.get_GetTrial(sess, trialId=trial_id).trial
+        assert trial.state == bindings.trialv1State.COMPLETED and trial.restarts == 0
+    finally:
+        box.kill()
+
+
+@pytest.mark.pg
+def test_a_two_container_trial_rendezvous_and_all_gathers(lab):
+    from tests.unit.test_standin_determined import free_port
+
+    lab.det("agent", "disable", "gpu1")  # two slots then take the two one-slot agents
+    try:
+        ports = [free_port(), free_port()]
+        config = experiment("core-api-dist", slots=2).replace("{hold: 0}", f"{{hold: 0, ports: {ports}}}")
+        exp_id, boxes = start(lab, config, containers=2)
+    finally:
+        lab.det("agent", "enable", "gpu1")
+    try:
+        assert [b.wait() for b in boxes] == [0, 0], [b.text for b in boxes]
+    finally:
+        for b in boxes:
+            b.kill()
+    assert {b.agent for b in boxes} == {"gpu2", "gpu3"}
+    assert all("allgather [0, 1]" in b.text for b in boxes), [b.text for b in boxes]
+    assert "done at 4" in boxes[0].text and "done at 4" in boxes[1].text
+    rendezvous = json.loads((boxes[1].root / "info" / "rendezvous.json").read_text())
+    assert rendezvous["container_rank"] == 1 and rendezvous["container_slot_counts"] == [1, 1]
+    exp = lab.api(f"/api/v1/experiments/{exp_id}")["experiment"]
+    assert exp["state"] == "STATE_COMPLETED"

@@ -695,12 +695,15 @@ class CoreApi:
                     live = trial["containers"].values()
                     if any(x["state"] == "TERMINATED" for x in live):
                         raise ApiError(2, "task terminated")
+                    if trial.get("ready"):
+                        break  # rendezvous.go push: every watcher gets its answer at once
                     if all(x["state"] == "RUNNING" for x in live) and watching >= set(trial["containers"]):
+                        trial["ready"] = True
+                        self.lock.notify_all()
                         break
                     self.lock.wait(1.0)
             finally:
                 watching.discard(resources_id)
-            trial["ready"] = True
             info = trial["rendezvous_info"]
             return {"rendezvousInfo": {"addresses": info[0], "rank": c["rank"], "slots": info[1]}}
 
