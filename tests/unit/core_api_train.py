@@ -41,7 +41,9 @@ def main() -> int:  # Long: one user script, start to end, as a user writes it
     assert info is not None, "not on a cluster"
     hold = float(info.trial.hparams.get("hold") or 0)
     # MANUAL: no TensorBoard metric writer (AUTO needs torch or tensorflow).
-    with core.init(distributed=distributed_context(info), tensorboard_mode=core.TensorboardMode.MANUAL) as ctx:
+    with core.init(
+        distributed=distributed_context(info), tensorboard_mode=core.TensorboardMode.MANUAL
+    ) as ctx:
         chief = ctx.distributed.rank == 0
         print(f"allgather {json.dumps(ctx.distributed.allgather(ctx.distributed.rank))}", flush=True)
         steps = 0

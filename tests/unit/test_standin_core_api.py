@@ -39,7 +39,9 @@ python3 -m determined.exec.prep_container --rendezvous
 exec python3 -m determined.exec.launch
 """
 # The container's root: a tmpfs over /run, the container's directory bound at /run/determined.
-NAMESPACE = 'mount -t tmpfs lab /run && mkdir /run/determined && mount --bind "$0" /run/determined && exec "$@"'
+NAMESPACE = (
+    'mount -t tmpfs lab /run && mkdir /run/determined && mount --bind "$0" /run/determined && exec "$@"'
+)
 
 
 def experiment(name: str, slots: int = 1, length: int = 4, hold: float = 0) -> str:
@@ -126,7 +128,9 @@ class Container:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.output.append(line)
-            body = {"logs": [{"container_id": self.spec["container_id"], "stdtype": "stdout", "message": line}]}
+            body = {
+                "logs": [{"container_id": self.spec["container_id"], "stdtype": "stdout", "message": line}]
+            }
             self.lab.master.request("POST", f"/agents/logs?id={self.agent}", body)
         code = self.proc.wait()
         (self.root / "output.log").write_text("".join(self.output))  # for a failure's reader
@@ -225,7 +229,9 @@ def test_a_core_api_trial_completes_and_its_reports_read_back(lab):  # Long: one
     assert trial.summaryMetrics["validation_metrics"]["loss"]["last"] == 0.25
 
     # The SDK's reader (common/experimental/trial.py iter_metrics: GetMetrics).
-    reports = [m for r in bindings.get_GetMetrics(sess, trialIds=[trial_id], group="validation") for m in r.metrics]
+    reports = [
+        m for r in bindings.get_GetMetrics(sess, trialIds=[trial_id], group="validation") for m in r.metrics
+    ]
     assert [(m.totalBatches, m.metrics["avg_metrics"]) for m in reports] == [(4, {"loss": 0.25})]
     training = [m for r in bindings.get_GetTrainingMetrics(sess, trialIds=[trial_id]) for m in r.metrics]
     assert [m.totalBatches for m in training] == [1, 2, 3, 4]
@@ -233,7 +239,9 @@ def test_a_core_api_trial_completes_and_its_reports_read_back(lab):  # Long: one
     ckpts = bindings.get_GetExperimentCheckpoints(sess, id=exp_id).checkpoints
     assert sorted(c.metadata["steps_completed"] for c in ckpts) == [2, 4]
     last = next(c for c in ckpts if c.metadata["steps_completed"] == 4)
-    assert last.training.validationMetrics.avgMetrics == {"loss": 0.25} and last.training.searcherMetric == 0.25
+    assert (
+        last.training.validationMetrics.avgMetrics == {"loss": 0.25} and last.training.searcherMetric == 0.25
+    )
     assert last.storageId is not None and last.state == bindings.checkpointv1State.COMPLETED
     assert f"checkpoint {last.uuid} at 4" in box.text
     files = objects(lab, f"lab/{last.uuid}/")

@@ -77,7 +77,10 @@ class Lab:
         self.master = MasterProcess(tmp, config)
         self.master.wait_healthy()
         for n, (agent, gpus) in enumerate(self.agents.items()):
-            devices = [{"id": i, "brand": b, "uuid": u, "type": "cuda"} for i, b, u in GPUS[n * gpus : (n + 1) * gpus]]
+            devices = [
+                {"id": i, "brand": b, "uuid": u, "type": "cuda"}
+                for i, b, u in GPUS[n * gpus : (n + 1) * gpus]
+            ]
             assert self.master.request("GET", f"/agents/setup?id={agent}")[0] == 200
             body = {"devices": [dict(d, id=d["id"] - n * gpus) for d in devices], "version": "0.38.0"}
             assert self.master.request("POST", f"/agents/started?id={agent}", body)[0] == 200

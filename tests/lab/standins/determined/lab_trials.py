@@ -59,7 +59,7 @@ Reproduced:
   /experiments/{id}/pause, /activate (experiment.go PauseExperiment / ActivateExperiment,
   bulk_action.go: "experiment in terminal state", "experiment in incompatible state X") and
   /cancel (CancelExperiment); GET /api/v1/trials/{id}/workloads (GetTrialWorkloads: the
-  reported checkpoints; nothing reports metrics here); POST /api/v1/checkpoints
+  reported training, validation and checkpoint workloads); POST /api/v1/checkpoints
   (ReportCheckpoint, what the harness calls after uploading a checkpoint; body: the
   Checkpoint) and GET /api/v1/checkpoints/{uuid} (GetCheckpoint, shaped as
   proto_checkpoints_view: training.experimentConfig is the stored config, storage
@@ -67,9 +67,36 @@ Reproduced:
   GET /api/v1/resource-pools (agentrm createResourcePoolSummary of a static pool) and GET
   /api/v1/job-queues-v2 (GetJobsV2: the pool's experiments holding or awaiting slots, in the
   priority scheduler's order, as RBACJob {"full": Job}).
-- Pausing terminates the trials' allocations and the trials wait PAUSED (restarts not
-  counted) until activation queues them again; an experiment created with activate false
-  starts PAUSED with its trial.
+- What a trial's real harness calls (harness/determined/exec/prep_container.py, launch.py,
+  core/*.py; class CoreApi below, each handler cited): the allocation token header
+  (Grpc-Metadata-x-allocation-token, grpcutil/auth.go GetUser) accepted as a user token;
+  POST /api/v1/allocations/{id}/acceleratorData (PostAllocationAcceleratorData, api_tasks.go);
+  GET /api/v1/allocations/{id}/resources/{rid}/rendezvous (AllocationRendezvousInfo,
+  api_trials.go; task/rendezvous.go: blocks until every container runs and watches, then
+  addresses, slots and each one's rank; the allocation is then ready); GET
+  /api/v1/allocations/{id}/signals/preemption (AllocationPreemptionSignal: a long poll of
+  timeout_seconds) and POST .../signals/ack_preemption (AckAllocationPreemptionSignal); POST
+  /api/v1/runs/start (RunPrepareForReporting, api_runs.go: a storage backend id); POST
+  /api/v1/trials/{id}/metrics (ReportTrialMetrics: kept with the trial, summary metrics as
+  db/postgres_trial_metrics.go calculateNewSummaryMetrics) and /progress (ReportTrialProgress:
+  the experiment's progress); the trial's latestValidation, bestValidation, latestTraining,
+  totalBatchesProcessed, searcherMetricValue and summaryMetrics in GetTrial; a checkpoint's
+  metrics (proto_checkpoints_view: the reports at its steps_completed); GET
+  /api/v1/experiments/{id}/checkpoints (GetExperimentCheckpoints: `det experiment
+  list-checkpoints`); GET /api/v1/trials/metrics/{trial,training,validation}_metrics
+  (GetMetrics, GetTrainingMetrics, GetValidationMetrics: what the SDK's iter_metrics reads);
+  a restarted trial's DET_LATEST_CHECKPOINT and DET_STEPS_COMPLETED (trial.go
+  buildTaskSpecifier: its latest completed checkpoint). The single searcher's operation is the
+  harness's own in 0.38.0 (core/_searcher.py: no master call); the trial completes when its
+  containers exit 0.
+- Pausing and canceling terminate the trials' allocations (trial.go TerminateAllocation,
+  allocation.go tryExitOrTerminate): a ready allocation (its rendezvous done, which only a
+  harness does) is preempted, its preemption signal true, and killed only after the
+  experiment's preemption_timeout (default 1 h); one that is not ready is killed at once. An
+  exit after an acknowledged preemption leaves the trial waiting (PAUSED) or queued again,
+  restarts not counted; an exit 0 without one completes it. Paused trials wait until
+  activation queues them again; an experiment created with activate false starts PAUSED with
+  its trial.
 - A route the stand-in does not serve under /api/v1/ answers as grpc-gateway v1.16.0 answers
   one it has no handler for (runtime/mux.go ErrUnknownURI through master/internal/grpcutil/
   errors.go): 501 {"error": {"code": 12, "reason": "Unimplemented", "error": "Not
@@ -92,10 +119,14 @@ Lab differences:
   /run/determined/info/{cluster,trial,rendezvous,resources}.json itself (the real harness's
   prep_container writes them from the environment and the rendezvous API); container_addrs are
   the agents' addresses as the master sees them, as rendezvous.go does with host networking;
-- DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner;
-- pause and cancel kill the trials' containers at once: the real master asks the harness to
-  checkpoint and exit (preemption) and kills only after preemption_timeout (1 h), and these
-  containers have no harness; a container that exits 0 while paused completes its trial;
+- DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner
+  (the real DET_SESSION_TOKEN is an allocation session, valid only in the allocation token
+  header and only while the allocation lives);
+- the master's own /run/determined/info/*.json make a harness-less container look prepared;
+  a real harness's prep_container writes its own from the environment and the rendezvous;
+- trial metrics, progress and storage backends live in memory too; metric reports of an
+  earlier run are not archived on a restart (AddTrialMetrics rolls back reports past the
+  latest checkpoint's step); PostAllocationAcceleratorData's data is kept, never shown;
 - GET /checkpoints/{uuid} (the master-proxied checkpoint download, an echo route) is not
   served: `det checkpoint download` must reach the S3 storage itself (--mode direct, or auto
   falling back to a 404);
@@ -746,7 +777,8 @@ class CoreApi:
             trial["preempt"] = True
             trial["preempt_deadline"] = time.monotonic() + float(timeout)
             self.add_log(
-                trial, "gracefully terminating allocation's remaining resources (reason: user requested pause)"
+                trial,
+                "gracefully terminating allocation's remaining resources (reason: user requested pause)",
             )
         self.lock.notify_all()
 
@@ -827,7 +859,9 @@ class CoreApi:
 
     def best_validation(self, trial: dict, exp: dict) -> dict | None:
         searcher = exp["config"]["searcher"]
-        scored = [r for r in self.metric_reports(trial, "validation") if self.searcher_value(exp, r) is not None]
+        scored = [
+            r for r in self.metric_reports(trial, "validation") if self.searcher_value(exp, r) is not None
+        ]
         if not scored:
             return None
         sign = 1 if searcher.get("smaller_is_better", True) else -1
@@ -860,9 +894,15 @@ class CoreApi:
             return out
         steps = ckpt["metadata"].get("steps_completed")
         exp = self.experiments[trial["exp"]]
-        at = {g: [r for r in self.metric_reports(trial, g) if r["steps"] == steps] for g in ("training", "validation")}
+        at = {
+            g: [r for r in self.metric_reports(trial, g) if r["steps"] == steps]
+            for g in ("training", "validation")
+        }
         if at["training"]:
-            out["training"]["trainingMetrics"] = {"avgMetrics": at["training"][-1]["avg"], "batchMetrics": None}
+            out["training"]["trainingMetrics"] = {
+                "avgMetrics": at["training"][-1]["avg"],
+                "batchMetrics": None,
+            }
         if at["validation"]:
             out["training"]["validationMetrics"] = {"avgMetrics": at["validation"][-1]["avg"]}
             out["training"]["searcherMetric"] = self.searcher_value(exp, at["validation"][-1])
@@ -877,14 +917,22 @@ class CoreApi:
             exp = self.experiments.get(exp_id)
             if exp is None:
                 raise ApiError(5, f"experiment '{exp_id}' not found")
-            ckpts = [self.checkpoint_metrics(c) for c in self.checkpoints.values() if c["training"]["experimentId"] == exp_id]
+            ckpts = [
+                self.checkpoint_metrics(c)
+                for c in self.checkpoints.values()
+                if c["training"]["experimentId"] == exp_id
+            ]
         states = params.get("states") or []
         if states:
             ckpts = [c for c in ckpts if c["state"] in states]
         sort_by = (params.get("sortByAttr") or ["SORT_BY_UNSPECIFIED"])[-1]
         order = (params.get("orderBy") or ["ORDER_BY_UNSPECIFIED"])[-1]
         if sort_by == "SORT_BY_SEARCHER_METRIC" and order == "ORDER_BY_UNSPECIFIED":
-            order = "ORDER_BY_ASC" if exp["config"]["searcher"].get("smaller_is_better", True) else "ORDER_BY_DESC"
+            order = (
+                "ORDER_BY_ASC"
+                if exp["config"]["searcher"].get("smaller_is_better", True)
+                else "ORDER_BY_DESC"
+            )
         keys = {
             "SORT_BY_BATCH_NUMBER": lambda c: c["metadata"].get("steps_completed") or 0,
             "SORT_BY_UUID": lambda c: c["uuid"],
@@ -1339,7 +1387,9 @@ class Trials(CoreApi):
     def latest_checkpoint(self, trial_id: int) -> dict | None:
         """db.LatestCheckpointForTrial: the trial's latest COMPLETED checkpoint."""
         done = [
-            c for c in self.checkpoints.values() if c["training"]["trialId"] == trial_id and c["state"] == "STATE_COMPLETED"
+            c
+            for c in self.checkpoints.values()
+            if c["training"]["trialId"] == trial_id and c["state"] == "STATE_COMPLETED"
         ]
         return max(done, key=lambda c: c["reportTime"], default=None)
 
@@ -1372,9 +1422,8 @@ class Trials(CoreApi):
     def cancel(self, exp_id: int) -> None:
         """CancelExperiment (experiment.go CancelExperiment): nothing for a stopping or terminal
         experiment; else STOPPING_CANCELED and the trials' allocations terminated (trial.go
-        transition: TerminateAllocation). Lab difference: the real master first asks the
-        harness to checkpoint and exit (preemption) and kills after preemption_timeout; the
-        lab's containers have no harness, so they are killed at once, as with kill."""
+        transition: TerminateAllocation): a ready allocation is preempted, one that is not
+        killed at once (CoreApi.preempt_or_kill)."""
         self.stop(exp_id, "STATE_STOPPING_CANCELED")
 
     def stop(self, exp_id: int, state: str) -> None:
@@ -1400,8 +1449,8 @@ class Trials(CoreApi):
         ActivateExperiment, model.ExperimentTransitions): a terminal experiment has left the
         registry ("experiment in terminal state"); ACTIVE <-> PAUSED, the same state again is a
         no-op, a stopping one is "experiment in incompatible state <STATE>". Pausing terminates
-        the trials' allocations (trial.go transition: TerminateAllocation; killed at once here,
-        see cancel) and the trials wait PAUSED, their restarts not counted; activating queues
+        the trials' allocations (trial.go transition: TerminateAllocation: preempted when ready,
+        else killed, see cancel) and the trials wait PAUSED, their restarts not counted; activating queues
         them again."""
         target = "STATE_PAUSED" if paused else "STATE_ACTIVE"
         with self.lock:
@@ -2216,7 +2265,9 @@ class Trials(CoreApi):
 
     def handle_core_api(self, h, path: str, method: str, params: dict[str, list[str]]) -> bool:
         """The harness's routes (api.proto at v0.38.0) and the readers of what it reports."""
-        m = re.fullmatch(r"/api/v1/allocations/([^/]+)/(acceleratorData|signals/preemption|signals/ack_preemption)", path)
+        m = re.fullmatch(
+            r"/api/v1/allocations/([^/]+)/(acceleratorData|signals/preemption|signals/ack_preemption)", path
+        )
         if m and (method, m[2]) in (
             ("POST", "acceleratorData"),  # PostAllocationAcceleratorData
             ("GET", "signals/preemption"),  # AllocationPreemptionSignal
