@@ -928,7 +928,7 @@ CASES = [
             "Install determined-master 0.38.0 (sha256-pinned)": [
                 "shared/fetch-verified.sh",
                 "determined-master_0.38.0_linux_amd64.deb",
-                "f46e79433bd0b54a5cd5718d14f051536b133738f031d862ca322a782c105f5a",
+                "137f99702d7701ccd23df1d3ce0792676e1bc1257c63d8fa1d0437c8ab813ad8",
             ],
             # No "Restart the master for its new configuration": the install starts it anew.
             "Master enabled and running": ["systemctl enable determined-master.service"],

@@ -57,8 +57,9 @@ def rows(table: str) -> list[list[str]]:
 class Lab:
     """The master stand-in, a fake agent 'gpu1' with two GPUs, a MinIO stand-in, and a CLI home."""
 
-    def __init__(self, tmp: Path, db: dict):
+    def __init__(self, tmp: Path, db: dict, agents: dict[str, int] | None = None, **config_extra):
         self.tmp = tmp
+        self.agents = agents or {"gpu1": 2}  # agent id -> GPUs
         self.minio = MinioProcess(
             tmp / "s3",
             tmp,
@@ -72,12 +73,17 @@ class Lab:
             access_key=MINIO_USER, secret_key=MINIO_SECRET, endpoint_url=f"http://127.0.0.1:{self.minio.port}"
         )
         config["task_container_defaults"] = {"image": {"cuda": "registry/gpu:1", "cpu": "registry/cpu:1"}}
+        config.update(config_extra)
         self.master = MasterProcess(tmp, config)
         self.master.wait_healthy()
-        devices = [{"id": i, "brand": b, "uuid": u, "type": "cuda"} for i, b, u in GPUS[:2]]
-        assert self.master.request("GET", "/agents/setup?id=gpu1")[0] == 200
-        body = {"devices": devices, "version": "0.38.0"}
-        assert self.master.request("POST", "/agents/started?id=gpu1", body)[0] == 200
+        for n, (agent, gpus) in enumerate(self.agents.items()):
+            devices = [
+                {"id": i, "brand": b, "uuid": u, "type": "cuda"}
+                for i, b, u in GPUS[n * gpus : (n + 1) * gpus]
+            ]
+            assert self.master.request("GET", f"/agents/setup?id={agent}")[0] == 200
+            body = {"devices": [dict(d, id=d["id"] - n * gpus) for d in devices], "version": "0.38.0"}
+            assert self.master.request("POST", f"/agents/started?id={agent}", body)[0] == 200
         # MasterProcess gives agents 2 s between heartbeats before they count as lost.
         self.stopped = threading.Event()
         self.beat = threading.Thread(target=self.heartbeat, daemon=True)
@@ -91,7 +97,8 @@ class Lab:
 
     def heartbeat(self) -> None:
         while not self.stopped.wait(0.5):
-            self.master.request("POST", "/agents/heartbeat?id=gpu1")
+            for agent in self.agents:
+                self.master.request("POST", f"/agents/heartbeat?id={agent}")
 
     def det(self, *args: str, stdin: str = "", ok: bool = True, **env: str) -> str:
         result = subprocess.run(
@@ -115,12 +122,12 @@ class Lab:
         assert "Traceback" not in out, out
         return out
 
-    def work(self, wait: float = 10) -> dict:
-        return self.master.request("GET", f"/agents/work?id=gpu1&wait={wait}")[1]
+    def work(self, wait: float = 10, agent: str = "gpu1") -> dict:
+        return self.master.request("GET", f"/agents/work?id={agent}&wait={wait}")[1]
 
-    def report(self, cid: str, state: str, **extra) -> None:
+    def report(self, cid: str, state: str, agent: str = "gpu1", **extra) -> None:
         body = {"container_id": cid, "state": state, **extra}
-        assert self.master.request("POST", "/agents/containers?id=gpu1", body)[0] == 200
+        assert self.master.request("POST", f"/agents/containers?id={agent}", body)[0] == 200
 
     def create(self, *extra: str) -> tuple[int, dict]:
         """`det experiment create`, then the container spec the agent receives, running."""

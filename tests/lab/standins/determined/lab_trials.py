@@ -59,7 +59,7 @@ Reproduced:
   /experiments/{id}/pause, /activate (experiment.go PauseExperiment / ActivateExperiment,
   bulk_action.go: "experiment in terminal state", "experiment in incompatible state X") and
   /cancel (CancelExperiment); GET /api/v1/trials/{id}/workloads (GetTrialWorkloads: the
-  reported checkpoints; nothing reports metrics here); POST /api/v1/checkpoints
+  reported training, validation and checkpoint workloads); POST /api/v1/checkpoints
   (ReportCheckpoint, what the harness calls after uploading a checkpoint; body: the
   Checkpoint) and GET /api/v1/checkpoints/{uuid} (GetCheckpoint, shaped as
   proto_checkpoints_view: training.experimentConfig is the stored config, storage
@@ -67,9 +67,36 @@ Reproduced:
   GET /api/v1/resource-pools (agentrm createResourcePoolSummary of a static pool) and GET
   /api/v1/job-queues-v2 (GetJobsV2: the pool's experiments holding or awaiting slots, in the
   priority scheduler's order, as RBACJob {"full": Job}).
-- Pausing terminates the trials' allocations and the trials wait PAUSED (restarts not
-  counted) until activation queues them again; an experiment created with activate false
-  starts PAUSED with its trial.
+- What a trial's real harness calls (harness/determined/exec/prep_container.py, launch.py,
+  core/*.py; class CoreApi below, each handler cited): the allocation token header
+  (Grpc-Metadata-x-allocation-token, grpcutil/auth.go GetUser) accepted as a user token;
+  POST /api/v1/allocations/{id}/acceleratorData (PostAllocationAcceleratorData, api_tasks.go);
+  GET /api/v1/allocations/{id}/resources/{rid}/rendezvous (AllocationRendezvousInfo,
+  api_trials.go; task/rendezvous.go: blocks until every container runs and watches, then
+  addresses, slots and each one's rank; the allocation is then ready); GET
+  /api/v1/allocations/{id}/signals/preemption (AllocationPreemptionSignal: a long poll of
+  timeout_seconds) and POST .../signals/ack_preemption (AckAllocationPreemptionSignal); POST
+  /api/v1/runs/start (RunPrepareForReporting, api_runs.go: a storage backend id); POST
+  /api/v1/trials/{id}/metrics (ReportTrialMetrics: kept with the trial, summary metrics as
+  db/postgres_trial_metrics.go calculateNewSummaryMetrics) and /progress (ReportTrialProgress:
+  the experiment's progress); the trial's latestValidation, bestValidation, latestTraining,
+  totalBatchesProcessed, searcherMetricValue and summaryMetrics in GetTrial; a checkpoint's
+  metrics (proto_checkpoints_view: the reports at its steps_completed); GET
+  /api/v1/experiments/{id}/checkpoints (GetExperimentCheckpoints: `det experiment
+  list-checkpoints`); GET /api/v1/trials/metrics/{trial,training,validation}_metrics
+  (GetMetrics, GetTrainingMetrics, GetValidationMetrics: what the SDK's iter_metrics reads);
+  a restarted trial's DET_LATEST_CHECKPOINT and DET_STEPS_COMPLETED (trial.go
+  buildTaskSpecifier: its latest completed checkpoint). The single searcher's operation is the
+  harness's own in 0.38.0 (core/_searcher.py: no master call); the trial completes when its
+  containers exit 0.
+- Pausing and canceling terminate the trials' allocations (trial.go TerminateAllocation,
+  allocation.go tryExitOrTerminate): a ready allocation (its rendezvous done, which only a
+  harness does) is preempted, its preemption signal true, and killed only after the
+  experiment's preemption_timeout (default 1 h); one that is not ready is killed at once. An
+  exit after an acknowledged preemption leaves the trial waiting (PAUSED) or queued again,
+  restarts not counted; an exit 0 without one completes it. Paused trials wait until
+  activation queues them again; an experiment created with activate false starts PAUSED with
+  its trial.
 - A route the stand-in does not serve under /api/v1/ answers as grpc-gateway v1.16.0 answers
   one it has no handler for (runtime/mux.go ErrUnknownURI through master/internal/grpcutil/
   errors.go): 501 {"error": {"code": 12, "reason": "Unimplemented", "error": "Not
@@ -92,10 +119,14 @@ Lab differences:
   /run/determined/info/{cluster,trial,rendezvous,resources}.json itself (the real harness's
   prep_container writes them from the environment and the rendezvous API); container_addrs are
   the agents' addresses as the master sees them, as rendezvous.go does with host networking;
-- DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner;
-- pause and cancel kill the trials' containers at once: the real master asks the harness to
-  checkpoint and exit (preemption) and kills only after preemption_timeout (1 h), and these
-  containers have no harness; a container that exits 0 while paused completes its trial;
+- DET_SESSION_TOKEN and DET_USER_TOKEN are both a login session of the experiment's owner
+  (the real DET_SESSION_TOKEN is an allocation session, valid only in the allocation token
+  header and only while the allocation lives);
+- the master's own /run/determined/info/*.json make a harness-less container look prepared;
+  a real harness's prep_container writes its own from the environment and the rendezvous;
+- trial metrics, progress and storage backends live in memory too; metric reports of an
+  earlier run are not archived on a restart (AddTrialMetrics rolls back reports past the
+  latest checkpoint's step); PostAllocationAcceleratorData's data is kept, never shown;
 - GET /checkpoints/{uuid} (the master-proxied checkpoint download, an echo route) is not
   served: `det checkpoint download` must reach the S3 storage itself (--mode direct, or auto
   falling back to a 404);
@@ -628,7 +659,359 @@ def ssh_key_pair() -> tuple[bytes, bytes]:
     return private, public
 
 
-class Trials:
+class CoreApi:
+    """What a trial's harness calls (harness/determined/core, exec/prep_container.py at
+    v0.38.0), on the Trials below: routes of proto/src/determined/api/v1/api.proto, handlers
+    cited on each method. Callers of the methods hold no lock; the methods take self.lock."""
+
+    lock: threading.Condition
+    trials: dict[int, dict]
+    experiments: dict[int, dict]
+    checkpoints: dict[str, dict]
+    storage_ids: dict[str, int]
+
+    def get_trial(self, trial_id: int) -> dict:
+        raise NotImplementedError
+
+    def kill_containers(self, trial: dict) -> None:
+        raise NotImplementedError
+
+    def add_log(self, trial: dict, message: str, **fields) -> None:
+        raise NotImplementedError
+
+    def allocation(self, allocation_id: str) -> dict | None:
+        """The trial whose current allocation this is, while it holds containers."""
+        for trial in self.trials.values():
+            if trial["allocation_id"] == allocation_id and trial["containers"]:
+                return trial
+        return None
+
+    def live_allocation(self, allocation_id: str) -> dict:
+        trial = self.allocation(allocation_id)
+        if trial is None:
+            # task/allocation_service.go getAllocation: api.NotFoundErrs("allocation", id, true)
+            raise ApiError(5, f"allocation not found: {allocation_id}")
+        return trial
+
+    def accelerator_data(self, allocation_id: str, body: dict) -> None:
+        """PostAllocationAcceleratorData (api_tasks.go): "allocation ID missing", else stored."""
+        if not allocation_id:
+            raise ApiError(3, "allocation ID missing")
+        with self.lock:
+            trial = self.live_allocation(allocation_id)
+            trial.setdefault("accelerators", []).append(body.get("acceleratorData") or {})
+
+    def rendezvous(self, allocation_id: str, resources_id: str) -> dict:
+        """AllocationRendezvousInfo (api_trials.go; task/allocation_service.go WatchRendezvous,
+        task/rendezvous.go): blocks until every container of the allocation has started and is
+        watching, then each gets the addresses and slot counts in rank order and its own rank;
+        the allocation is then ready (persistRendezvousComplete: IsReady), which is what makes
+        a later pause or cancel preempt it instead of killing it. A resources id that is not the
+        allocation's is StaleResourcesError, a second watcher "resources already rendezvoused";
+        an allocation that ends first answers "task terminated"."""
+        with self.lock:
+            trial = self.live_allocation(allocation_id)
+            c = trial["containers"].get(resources_id)
+            if c is None:
+                raise ApiError(3, f"stale resources {resources_id}")
+            watching = trial.setdefault("rendezvous", set())
+            if resources_id in watching:
+                raise ApiError(3, f"resources already rendezvoused: {resources_id}")
+            watching.add(resources_id)
+            self.lock.notify_all()
+            try:
+                while True:
+                    if trial["allocation_id"] != allocation_id or not trial["containers"]:
+                        raise ApiError(2, "task terminated")
+                    live = trial["containers"].values()
+                    if any(x["state"] == "TERMINATED" for x in live):
+                        raise ApiError(2, "task terminated")
+                    if trial.get("ready"):
+                        break  # rendezvous.go push: every watcher gets its answer at once
+                    if all(x["state"] == "RUNNING" for x in live) and watching >= set(trial["containers"]):
+                        trial["ready"] = True
+                        self.lock.notify_all()
+                        break
+                    self.lock.wait(1.0)
+            finally:
+                watching.discard(resources_id)
+            info = trial["rendezvous_info"]
+            return {"rendezvousInfo": {"addresses": info[0], "rank": c["rank"], "slots": info[1]}}
+
+    def watch_preemption(self, allocation_id: str, timeout: float) -> dict:
+        """AllocationPreemptionSignal (api_trials.go; allocation_service.go WatchPreemption):
+        a long poll of timeout_seconds that answers preempt true once the allocation is being
+        preempted (a pause or cancel of a ready allocation: allocation.go preempt), else false;
+        an allocation it cannot find answers false ("contexts with an instant timeout still
+        expect a status")."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self.lock:
+            while True:
+                trial = self.allocation(allocation_id)
+                if trial is None:
+                    return {"preempt": False}
+                trial["watched"] = True
+                if trial.get("preempt"):
+                    return {"preempt": True}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"preempt": False}
+                self.lock.wait(min(left, 1.0))
+
+    def ack_preemption(self, allocation_id: str) -> None:
+        """AckAllocationPreemptionSignal (allocation_service.go AckPreemption): the exit that
+        follows is a preemption (calculateExitStatus: "allocation preempted"), not a finish."""
+        with self.lock:
+            self.live_allocation(allocation_id)["acked"] = True
+
+    def preempt_or_kill(self, trial: dict, exp: dict) -> None:
+        """allocation.go tryExitOrTerminate: a ready allocation (rendezvous done) is preempted and
+        killed only after the experiment's preemption_timeout (preemptible.Preempt; default
+        model.DefaultPreemptionTimeout, 1 h); one that is not ready is killed at once (what the
+        lab's harness-less containers always are)."""
+        if not trial.get("ready") or not trial["containers"]:
+            self.kill_containers(trial)
+            return
+        if not trial.get("preempt"):
+            timeout = exp["config"].get("preemption_timeout") or 3600
+            trial["preempt"] = True
+            trial["preempt_deadline"] = time.monotonic() + float(timeout)
+            self.add_log(
+                trial,
+                "gracefully terminating allocation's remaining resources (reason: user requested pause)",
+            )
+        self.lock.notify_all()
+
+    def preemption_deadlines(self) -> None:
+        """Called by tick with the lock: allocations that did not preempt in time are killed."""
+        for trial in self.trials.values():
+            deadline = trial.get("preempt_deadline")
+            if deadline is not None and time.monotonic() > deadline and trial["containers"]:
+                trial["preempt_deadline"] = None
+                self.add_log(trial, "allocation did not preempt in time: killing", level="LOG_LEVEL_WARNING")
+                self.kill_containers(trial)
+
+    def prepare_for_reporting(self, body: dict) -> dict:
+        """RunPrepareForReporting (api_runs.go; POST /api/v1/runs/start): with a checkpoint storage
+        config, the id of its storage backend (storage.AddBackend: one id per distinct config)."""
+        with self.lock:
+            self.get_trial(int(body.get("runId") or 0))
+            cs = body.get("checkpointStorage")
+            if cs is None:
+                return {"storageId": None}
+            key = json.dumps(cs, sort_keys=True)
+            if key not in self.storage_ids:
+                self.storage_ids[key] = len(self.storage_ids) + 1
+            return {"storageId": self.storage_ids[key]}
+
+    def report_progress(self, trial_id: int, body: dict) -> None:
+        """ReportTrialProgress (api_trials.go; experiment.go TrialReportProgress): the single
+        searcher's progress is the trial's (is_raw: a fraction already)."""
+        with self.lock:
+            trial = self.get_trial(trial_id)
+            trial["progress"] = min(1.0, max(0.0, float(body.get("progress") or 0.0)))
+
+    def report_metrics(self, trial_id: int, body: dict) -> None:
+        """ReportTrialMetrics (api_trials.go; db/postgres_trial_metrics.go AddTrialMetrics):
+        the group must be set (model.MetricGroup Validate); the report is kept with the trial and
+        the trial's summary_metrics updated (avg_metrics for training, validation_metrics for
+        validation, others by their group name)."""
+        group = str(body.get("group") or "")
+        if not group:
+            raise ApiError(3, "metric group cannot be empty")
+        m = body.get("metrics") or {}
+        with self.lock:
+            trial = self.get_trial(trial_id)
+            metrics = m.get("metrics") or {}
+            report = {
+                "id": len(trial.setdefault("metrics", [])) + 1,
+                "group": group,
+                "steps": int(m.get("stepsCompleted") or 0),
+                "avg": metrics.get("avgMetrics") or {},
+                "batch": metrics.get("batchMetrics"),
+                "time": m.get("reportTime") or timestamp(time.time()),
+                "run_id": int(m.get("trialRunId") or trial["run_id"]),
+            }
+            trial["metrics"].append(report)
+            key = {"training": "avg_metrics", "validation": "validation_metrics"}.get(group, group)
+            summary = trial.setdefault("summary", {}).setdefault(key, {})
+            for name, value in report["avg"].items():
+                summary[name] = _summarize(summary.get(name), value)
+            self.lock.notify_all()
+
+    def metrics_workload(self, report: dict, batches: bool = True) -> dict:
+        """trialv1.MetricsWorkload."""
+        return {
+            "endTime": report["time"],
+            "state": "STATE_COMPLETED",
+            "metrics": {"avgMetrics": report["avg"], "batchMetrics": report["batch"] if batches else None},
+            "numInputs": 0,
+            "totalBatches": report["steps"],
+        }
+
+    def metric_reports(self, trial: dict, group: str) -> list[dict]:
+        return [r for r in trial.get("metrics") or [] if r["group"] == group]
+
+    def searcher_value(self, exp: dict, report: dict | None):
+        if report is None:
+            return None
+        return report["avg"].get(exp["config"]["searcher"].get("metric"))
+
+    def best_validation(self, trial: dict, exp: dict) -> dict | None:
+        searcher = exp["config"]["searcher"]
+        scored = [
+            r for r in self.metric_reports(trial, "validation") if self.searcher_value(exp, r) is not None
+        ]
+        if not scored:
+            return None
+        sign = 1 if searcher.get("smaller_is_better", True) else -1
+        return min(scored, key=lambda r: sign * float(self.searcher_value(exp, r)))
+
+    def trial_summary(self, trial: dict, exp: dict) -> dict:
+        """The trialv1.Trial fields the reports fill (api_trials.go GetTrial,
+        static/srv/proto_get_trials_plus.sql): latest and best validation, latest training,
+        total batches, the searcher metric's value, summary metrics."""
+        validations = self.metric_reports(trial, "validation")
+        training = self.metric_reports(trial, "training")
+        best = self.best_validation(trial, exp)
+        steps = max((r["steps"] for r in trial.get("metrics") or []), default=0)
+        latest_val = validations[-1] if validations else None
+        return {
+            "totalBatchesProcessed": steps,
+            "bestValidation": self.metrics_workload(best, False) if best else None,
+            "latestValidation": self.metrics_workload(latest_val, False) if latest_val else None,
+            "latestTraining": self.metrics_workload(training[-1], False) if training else None,
+            "searcherMetricValue": self.searcher_value(exp, latest_val),
+            "summaryMetrics": copy.deepcopy(trial.get("summary")) if trial.get("summary") else None,
+        }
+
+    def checkpoint_metrics(self, ckpt: dict) -> dict:
+        """proto_checkpoints_view: a checkpoint's training and validation metrics are the
+        trial's reports at the checkpoint's steps_completed."""
+        trial = self.trials.get(ckpt["training"]["trialId"])
+        out = copy.deepcopy(ckpt)
+        if trial is None:
+            return out
+        steps = ckpt["metadata"].get("steps_completed")
+        exp = self.experiments[trial["exp"]]
+        at = {
+            g: [r for r in self.metric_reports(trial, g) if r["steps"] == steps]
+            for g in ("training", "validation")
+        }
+        if at["training"]:
+            out["training"]["trainingMetrics"] = {
+                "avgMetrics": at["training"][-1]["avg"],
+                "batchMetrics": None,
+            }
+        if at["validation"]:
+            out["training"]["validationMetrics"] = {"avgMetrics": at["validation"][-1]["avg"]}
+            out["training"]["searcherMetric"] = self.searcher_value(exp, at["validation"][-1])
+        return out
+
+    def experiment_checkpoints(self, exp_id: int, params: dict[str, list[str]]) -> dict:
+        """GetExperimentCheckpoints (api_experiment.go): the experiment's checkpoints
+        (get_checkpoints_for_experiment), filtered by states, sorted by sortByAttr (trial id
+        when unspecified; searcher metric: nulls last, ascending when smaller_is_better),
+        orderBy, then offset/limit as api.Paginate (limit 0: all)."""
+        with self.lock:
+            exp = self.experiments.get(exp_id)
+            if exp is None:
+                raise ApiError(5, f"experiment '{exp_id}' not found")
+            ckpts = [
+                self.checkpoint_metrics(c)
+                for c in self.checkpoints.values()
+                if c["training"]["experimentId"] == exp_id
+            ]
+        states = params.get("states") or []
+        if states:
+            ckpts = [c for c in ckpts if c["state"] in states]
+        sort_by = (params.get("sortByAttr") or ["SORT_BY_UNSPECIFIED"])[-1]
+        order = (params.get("orderBy") or ["ORDER_BY_UNSPECIFIED"])[-1]
+        if sort_by == "SORT_BY_SEARCHER_METRIC" and order == "ORDER_BY_UNSPECIFIED":
+            order = (
+                "ORDER_BY_ASC"
+                if exp["config"]["searcher"].get("smaller_is_better", True)
+                else "ORDER_BY_DESC"
+            )
+        keys = {
+            "SORT_BY_BATCH_NUMBER": lambda c: c["metadata"].get("steps_completed") or 0,
+            "SORT_BY_UUID": lambda c: c["uuid"],
+            "SORT_BY_END_TIME": lambda c: c["reportTime"],
+            "SORT_BY_STATE": lambda c: c["state"],
+            "SORT_BY_SEARCHER_METRIC": lambda c: float(c["training"]["searcherMetric"]),
+        }
+        key = keys.get(sort_by, lambda c: c["training"]["trialId"])
+        if sort_by == "SORT_BY_SEARCHER_METRIC":
+            scored = [c for c in ckpts if c["training"]["searcherMetric"] is not None]
+            ckpts = sorted(scored, key=key, reverse=order == "ORDER_BY_DESC") + [
+                c for c in ckpts if c["training"]["searcherMetric"] is None
+            ]
+        else:
+            ckpts.sort(key=key, reverse=order == "ORDER_BY_DESC")
+        offset = int((params.get("offset") or ["0"])[-1])
+        limit = int((params.get("limit") or ["0"])[-1])
+        total = len(ckpts)
+        start = total + offset if offset < 0 else offset
+        if not 0 <= start <= total:
+            raise ApiError(3, "offset out of bounds")
+        end = total if limit == 0 or start + limit > total else start + limit
+        pagination = {"offset": offset, "limit": limit, "startIndex": start, "endIndex": end, "total": total}
+        return {"checkpoints": ckpts[start:end], "pagination": pagination}
+
+    def metrics_of(self, params: dict[str, list[str]], group: str) -> list[dict]:
+        """trialv1.MetricsReport of the trials' reports in a group (GetMetrics,
+        GetTrainingMetrics, GetValidationMetrics: api_trials.go streamMetrics)."""
+        out = []
+        with self.lock:
+            for tid in params.get("trialIds") or []:
+                trial = self.get_trial(int(tid))
+                for r in self.metric_reports(trial, group):
+                    out.append(
+                        {
+                            "trialId": trial["id"],
+                            "endTime": r["time"],
+                            "metrics": {"avg_metrics": r["avg"], "batch_metrics": r["batch"]},
+                            "totalBatches": r["steps"],
+                            "archived": False,
+                            "id": r["id"],
+                            "trialRunId": r["run_id"],
+                            "group": group,
+                        }
+                    )
+        return out
+
+
+def _summarize(summary: dict | None, value) -> dict:
+    """db/postgres_trial_metrics.go calculateNewSummaryMetrics: the value's type (number,
+    string, boolean, object, array, null; a type change makes it "string"), count, sum, min,
+    max and mean of numbers, and the last value (dates and special floats as strings aside)."""
+    if isinstance(value, bool):
+        kind = "boolean"
+    elif isinstance(value, (int, float)):
+        kind = "number"
+    else:
+        kind = {dict: "object", list: "array", type(None): "null"}.get(type(value), "string")
+    if summary is None:
+        summary = {"type": kind}
+    elif summary.get("type") != kind:
+        kind = "string"
+        summary = {"type": kind}
+    else:
+        summary = dict(summary)
+    if kind == "number":
+        if "count" not in summary:
+            summary.update(max=value, min=value, mean=value, sum=value, count=1)
+        else:
+            summary["min"] = min(summary["min"], value)
+            summary["max"] = max(summary["max"], value)
+            summary["sum"] = summary["sum"] + value
+            summary["count"] += 1
+            summary["mean"] = summary["sum"] / summary["count"]
+    summary["last"] = value
+    return summary
+
+
+class Trials(CoreApi):
     """Experiments, trials, their containers and logs; the agents' work queues."""
 
     def __init__(self, master):
@@ -641,6 +1024,7 @@ class Trials:
         self.next_log = 1
         self.checkpoints: dict[str, dict] = {}  # uuid -> checkpointv1.Checkpoint
         self.owner_id: int | None = None
+        self.storage_ids: dict[str, int] = {}  # checkpoint storage config -> storage backend id
 
     # -- helpers
     def pools(self) -> dict:
@@ -950,7 +1334,7 @@ class Trials:
             "notes": "",
             "jobId": exp["job_id"],
             "forkedFrom": None,
-            "progress": 1.0 if exp["state"] == "STATE_COMPLETED" else 0.0,
+            "progress": self.exp_progress(exp),
             "projectId": 1,
             "projectName": "Uncategorized",
             "workspaceId": 1,
@@ -987,6 +1371,7 @@ class Trials:
             "latestValidation": None,
             "bestCheckpoint": None,
             "latestTraining": None,
+            "summaryMetrics": None,
             "runnerState": "",
             "wallClockTime": 0,
             "warmStartCheckpointUuid": "",
@@ -997,7 +1382,24 @@ class Trials:
             "logRetentionDays": None,
             "metadata": None,
             "latestCheckpointUuid": latest["uuid"] if latest else None,
-        }
+        } | self.trial_summary(trial, self.experiments[trial["exp"]])
+
+    def latest_checkpoint(self, trial_id: int) -> dict | None:
+        """db.LatestCheckpointForTrial: the trial's latest COMPLETED checkpoint."""
+        done = [
+            c
+            for c in self.checkpoints.values()
+            if c["training"]["trialId"] == trial_id and c["state"] == "STATE_COMPLETED"
+        ]
+        return max(done, key=lambda c: c["reportTime"], default=None)
+
+    def exp_progress(self, exp: dict) -> float:
+        """The single searcher's progress (searcher/single.go Progress): its trial's reported
+        progress, 1 once the experiment completed."""
+        if exp["state"] == "STATE_COMPLETED":
+            return 1.0
+        trials = [self.trials[t] for t in exp["trials"]]
+        return sum(t.get("progress", 0.0) for t in trials) / max(1, len(trials))
 
     def get_exp(self, exp_id: int) -> dict:
         exp = self.experiments.get(exp_id)
@@ -1020,9 +1422,8 @@ class Trials:
     def cancel(self, exp_id: int) -> None:
         """CancelExperiment (experiment.go CancelExperiment): nothing for a stopping or terminal
         experiment; else STOPPING_CANCELED and the trials' allocations terminated (trial.go
-        transition: TerminateAllocation). Lab difference: the real master first asks the
-        harness to checkpoint and exit (preemption) and kills after preemption_timeout; the
-        lab's containers have no harness, so they are killed at once, as with kill."""
+        transition: TerminateAllocation): a ready allocation is preempted, one that is not
+        killed at once (CoreApi.preempt_or_kill)."""
         self.stop(exp_id, "STATE_STOPPING_CANCELED")
 
     def stop(self, exp_id: int, state: str) -> None:
@@ -1036,7 +1437,10 @@ class Trials:
             for tid in exp["trials"]:
                 trial = self.trials[tid]
                 trial["killed"] = True
-                self.kill_containers(trial)
+                if state == "STATE_STOPPING_CANCELED":
+                    self.preempt_or_kill(trial, exp)  # trial.go: TerminateAllocation
+                else:
+                    self.kill_containers(trial)  # trial.go: KillAllocation
             self.lock.notify_all()
 
     def set_paused(self, exp_id: int, paused: bool) -> None:
@@ -1045,8 +1449,8 @@ class Trials:
         ActivateExperiment, model.ExperimentTransitions): a terminal experiment has left the
         registry ("experiment in terminal state"); ACTIVE <-> PAUSED, the same state again is a
         no-op, a stopping one is "experiment in incompatible state <STATE>". Pausing terminates
-        the trials' allocations (trial.go transition: TerminateAllocation; killed at once here,
-        see cancel) and the trials wait PAUSED, their restarts not counted; activating queues
+        the trials' allocations (trial.go transition: TerminateAllocation: preempted when ready,
+        else killed, see cancel) and the trials wait PAUSED, their restarts not counted; activating queues
         them again."""
         target = "STATE_PAUSED" if paused else "STATE_ACTIVE"
         with self.lock:
@@ -1064,7 +1468,7 @@ class Trials:
                     continue
                 trial["state"] = target
                 if paused:
-                    self.kill_containers(trial)
+                    self.preempt_or_kill(trial, exp)
                     if not trial["containers"]:
                         trial["alloc_state"] = "QUEUED"
             self.lock.notify_all()
@@ -1115,34 +1519,45 @@ class Trials:
             page = exps[pagination["startIndex"] : pagination["endIndex"]]
             return {"experiments": [self.exp_proto(e) for e in page], "pagination": pagination}
 
-    def workloads(self, trial_id: int) -> dict:
-        """GetTrialWorkloads (api_trials.go, static/srv/proto_get_trial_workloads.sql): the
-        trial's training, validation and checkpoint workloads by total_batches. Nothing in the
-        lab's containers reports metrics, so only the checkpoints reported with POST
-        /api/v1/checkpoints appear."""
+    def workloads(self, trial_id: int, params: dict[str, list[str]] | None = None) -> dict:
+        """GetTrialWorkloads (api_trials.go, static/srv/proto_get_trial_workloads.sql): one
+        workload a row (training, validation or checkpoint), by total_batches then end time;
+        training metrics with batch metrics only when includeBatchMetrics; filter
+        FILTER_OPTION_VALIDATION keeps only validations, FILTER_OPTION_CHECKPOINT drops
+        trainings; offset/limit paged (page_info: limit 0 is all)."""
+        params = params or {}
+        flt = (params.get("filter") or ["FILTER_OPTION_UNSPECIFIED"])[-1]
+        batches = (params.get("includeBatchMetrics") or ["false"])[-1].lower() in ("true", "1")
+        rows = []
         with self.lock:
-            self.get_trial(trial_id)
-            ckpts = sorted(
-                (c for c in self.checkpoints.values() if c["training"]["trialId"] == trial_id),
-                key=lambda c: (c["metadata"].get("steps_completed") or 0, c["reportTime"]),
-            )
-            workloads = [
-                {
-                    "training": None,
-                    "validation": None,
-                    "checkpoint": {
+            trial = self.get_trial(trial_id)
+            if flt == "FILTER_OPTION_UNSPECIFIED":
+                for r in self.metric_reports(trial, "training"):
+                    rows.append((r["steps"], r["time"], {"training": self.metrics_workload(r, batches)}))
+            for r in self.metric_reports(trial, "validation"):
+                rows.append((r["steps"], r["time"], {"validation": self.metrics_workload(r, False)}))
+            if flt != "FILTER_OPTION_VALIDATION":
+                for c in self.checkpoints.values():
+                    if c["training"]["trialId"] != trial_id:
+                        continue
+                    steps = c["metadata"].get("steps_completed") or 0
+                    checkpoint = {
                         "uuid": c["uuid"],
                         "endTime": c["reportTime"],
                         "state": c["state"],
                         "resources": c["resources"],
-                        "totalBatches": c["metadata"].get("steps_completed") or 0,
+                        "totalBatches": steps,
                         "metadata": c["metadata"],
-                    },
-                }
-                for c in ckpts
-            ]
-        n = len(workloads)
-        return {"workloads": workloads, "pagination": paginate(n, 0, -1)}
+                    }
+                    rows.append((steps, c["reportTime"], {"checkpoint": checkpoint}))
+        rows.sort(key=lambda row: (row[0], row[1]))
+        workloads = [{"training": None, "validation": None, "checkpoint": None} | w for _, _, w in rows]
+        offset = int((params.get("offset") or ["0"])[-1])
+        limit = int((params.get("limit") or ["0"])[-1])
+        pagination = paginate(len(workloads), offset, limit or -1)
+        pagination["limit"] = limit
+        page = workloads[pagination["startIndex"] : pagination["endIndex"]]
+        return {"workloads": page, "pagination": pagination}
 
     def report_checkpoint(self, body: dict) -> None:
         """ReportCheckpoint (api_trials.go; body: the checkpointv1.Checkpoint itself, api.proto
@@ -1171,7 +1586,7 @@ class Trials:
                 "resources": {k: str(v) for k, v in (body.get("resources") or {}).items()},
                 "metadata": body.get("metadata") or {},
                 "state": state,
-                "storageId": None,
+                "storageId": body.get("storageId"),
                 "training": {
                     "trialId": trial["id"],
                     "experimentId": exp["id"],
@@ -1195,7 +1610,7 @@ class Trials:
             ckpt = self.checkpoints.get(ckpt_uuid)
             if ckpt is None:
                 raise ApiError(5, f"checkpoint '{ckpt_uuid}' not found")
-            return copy.deepcopy(ckpt)
+            return self.checkpoint_metrics(ckpt)
 
     def scheduler(self, pool: dict) -> dict:
         """The pool's scheduler, else the resource manager's (priority, best fit by default)."""
@@ -1342,6 +1757,7 @@ class Trials:
     def tick(self) -> None:
         """Place queued trials; finish trials whose containers all ended; notice lost agents."""
         with self.lock:
+            self.preemption_deadlines()
             present = set()
             with self.master.agents.lock:
                 present = {a for a, v in self.master.agents.items.items() if v["awaiting"] is None}
@@ -1383,6 +1799,9 @@ class Trials:
         trial["run_id"] += 1
         trial["allocation_id"] = allocation_id
         trial["alloc_state"] = "QUEUED"
+        # The allocation's own state (task/allocation.go): ready after the rendezvous, the
+        # preemption signal, its acknowledgement, the kill deadline of a preemption.
+        trial.update(ready=False, preempt=False, acked=False, preempt_deadline=None, watched=False)
         multi = len(fits) > 1
         placed = []
         for rank, (agent_id, n) in enumerate(fits):
@@ -1390,6 +1809,7 @@ class Trials:
             placed.append((rank, agent_id, free[:n]))
         addrs = [by_id[a]["address"] for _, a, _ in placed]
         counts = [len(devs) for _, _, devs in placed]
+        trial["rendezvous_info"] = (addrs, counts)
         for rank, agent_id, devices in placed:
             cid = str(uuid.uuid4())
             trial["containers"][cid] = {
@@ -1411,8 +1831,12 @@ class Trials:
         self.lock.notify_all()
 
     def container_spec(self, trial, exp, cid, rank, devices, multi, addrs, counts) -> dict:
-        """TrialSpec.ToTaskSpec + TaskSpec.ToDockerSpec, as the agent receives it."""
+        """TrialSpec.ToTaskSpec + TaskSpec.ToDockerSpec, as the agent receives it; trial.go
+        buildTaskSpecifier: the trial's latest checkpoint (DET_LATEST_CHECKPOINT) and its
+        steps_completed (DET_STEPS_COMPLETED), what a restarted harness resumes from."""
         config = exp["config"]
+        latest = self.latest_checkpoint(trial["id"])
+        steps_completed = int((latest or {}).get("metadata", {}).get("steps_completed") or 0) if latest else 0
         pool = config["resources"]["resource_pool"]
         tcd = self.task_container_defaults(pool)
         chain = getattr(self.master, "tls_chain", None)  # the master's certificates, with TLS
@@ -1444,9 +1868,11 @@ class Trials:
             "DET_TRIAL_SEED": str(trial["seed"]),
             "DET_EXPERIMENT_CONFIG": json.dumps(config, separators=(",", ":")),
             "DET_HPARAMS": json.dumps(trial["hparams"], separators=(",", ":")),
-            "DET_STEPS_COMPLETED": "0",
+            "DET_STEPS_COMPLETED": str(steps_completed),
             "DET_TASK_TYPE": "TRIAL",
         }
+        if latest:
+            det_env["DET_LATEST_CHECKPOINT"] = latest["uuid"]
         if chain:
             det_env["DET_MASTER_CERT_FILE"] = MASTER_CERT_PATH
         if tcd.get("gloo_port_range"):
@@ -1490,7 +1916,7 @@ class Trials:
                 "task_type": "TRIAL",
                 "master_cert_name": None,  # the agent's DET_MASTER_CERT_NAME
                 "master_cert_file": MASTER_CERT_PATH if chain else None,
-                "latest_checkpoint": None,
+                "latest_checkpoint": latest["uuid"] if latest else None,
             },
             "trial.json": {
                 "trial_id": trial["id"],
@@ -1498,7 +1924,7 @@ class Trials:
                 "trial_seed": trial["seed"],
                 "hparams": trial["hparams"],
                 "config": config,
-                "steps_completed": 0,
+                "steps_completed": steps_completed,
                 "trial_run_id": trial["run_id"],
                 "debug": bool(config.get("debug")),
                 "inter_node_network_interface": tcd.get("dtrain_network_interface") or None,
@@ -1607,8 +2033,15 @@ class Trials:
             return
         trial["containers"] = {}
         trial["killing"] = False
+        preempted = trial.get("acked") and trial.get("preempt")
+        trial["preempt_deadline"] = None
         if trial["killed"]:
             self.finish(trial, exp, "STATE_CANCELED")
+        elif preempted:
+            # calculateExitStatus: "allocation preempted", not a user-requested stop: the trial
+            # waits (paused) or is scheduled again, its restarts not counted.
+            trial["alloc_state"] = "QUEUED"
+            self.add_log(trial, f"trial {trial['id']} preempted")
         elif not failed:
             self.finish(trial, exp, "STATE_COMPLETED")
         elif trial["state"] == "STATE_PAUSED":
@@ -1757,6 +2190,8 @@ class Trials:
             h.reply(200, self.create(h.body_json(), user))
             return True
         params = parse_qs(urlsplit(h.path).query, keep_blank_values=True)
+        if self.handle_core_api(h, path, method, params):
+            return True
         # Each route: proto/src/determined/api/v1/api.proto at v0.38.0 (google.api.http).
         queries = {
             "/api/v1/experiments": lambda: self.list_experiments(params),  # GetExperiments
@@ -1821,10 +2256,76 @@ class Trials:
             if m[2] == "/logs":  # TrialLogs
                 self.stream_logs(h, trial_id)
             elif m[2] == "/workloads":  # GetTrialWorkloads
-                h.reply(200, self.workloads(trial_id))
+                h.reply(200, self.workloads(trial_id, params))
             else:  # GetTrial
                 with self.lock:
                     h.reply(200, {"trial": self.trial_proto(self.get_trial(trial_id))})
+            return True
+        return False
+
+    def handle_core_api(self, h, path: str, method: str, params: dict[str, list[str]]) -> bool:
+        """The harness's routes (api.proto at v0.38.0) and the readers of what it reports."""
+        m = re.fullmatch(
+            r"/api/v1/allocations/([^/]+)/(acceleratorData|signals/preemption|signals/ack_preemption)", path
+        )
+        if m and (method, m[2]) in (
+            ("POST", "acceleratorData"),  # PostAllocationAcceleratorData
+            ("GET", "signals/preemption"),  # AllocationPreemptionSignal
+            ("POST", "signals/ack_preemption"),  # AckAllocationPreemptionSignal
+        ):
+            h.require_user()
+            if m[2] == "acceleratorData":
+                self.accelerator_data(m[1], h.body_json())
+                h.reply(200, {})
+            elif m[2] == "signals/preemption":
+                timeout = float(h.query.get("timeoutSeconds") or h.query.get("timeout_seconds") or 0)
+                h.reply(200, self.watch_preemption(m[1], min(timeout, 600.0)))
+            else:
+                self.ack_preemption(m[1])
+                h.reply(200, {})
+            return True
+        m = re.fullmatch(r"/api/v1/allocations/([^/]+)/resources/([^/]+)/rendezvous", path)
+        if m and method == "GET":  # AllocationRendezvousInfo
+            h.require_user()
+            h.reply(200, self.rendezvous(m[1], m[2]))
+            return True
+        if path == "/api/v1/runs/start" and method == "POST":  # RunPrepareForReporting
+            h.require_user()
+            h.reply(200, self.prepare_for_reporting(h.body_json()))
+            return True
+        m = re.fullmatch(r"/api/v1/trials/([0-9]+)/(metrics|progress)", path)
+        if m and method == "POST":  # ReportTrialMetrics, ReportTrialProgress
+            h.require_user()
+            body = h.body_json()
+            if m[2] == "metrics":
+                self.report_metrics(int(m[1]), body)
+            else:
+                self.report_progress(int(m[1]), body)
+            h.reply(200, {})
+            return True
+        m = re.fullmatch(r"/api/v1/experiments/([0-9]+)/checkpoints", path)
+        if m and method == "GET":  # GetExperimentCheckpoints
+            h.require_user()
+            h.reply(200, self.experiment_checkpoints(int(m[1]), params))
+            return True
+        groups = {
+            "/api/v1/trials/metrics/trial_metrics": None,  # GetMetrics (group=...)
+            "/api/v1/trials/metrics/training_metrics": "training",  # GetTrainingMetrics
+            "/api/v1/trials/metrics/validation_metrics": "validation",  # GetValidationMetrics
+        }
+        if path in groups and method == "GET":
+            h.require_user()
+            group = groups[path] or (params.get("group") or [""])[-1]
+            if not group:
+                raise ApiError(3, "metric group cannot be empty")
+            # Server streaming: one {"result": {"metrics": [...]}} a line (grpc-gateway).
+            line = json.dumps({"result": {"metrics": self.metrics_of(params, group)}}).encode() + b"\n"
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(line)))
+            h.end_headers()
+            if h.command != "HEAD":
+                h.wfile.write(line)
             return True
         return False
 
