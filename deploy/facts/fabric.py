@@ -66,6 +66,19 @@ SMINFO_LINE = re.compile(
 SMINFO_FAILED = re.compile(r"^\S*sminfo: iberror: (?:\[pid \d+\] \S+: )?failed: (?P<why>.*)$", re.M)
 
 
+def no_linked_port(ports: dict[tuple[str, int], dict[str, str]]) -> str | None:
+    """Why no SM can be asked from this node, or None: sminfo asks over a port whose link is up
+    (physical state LinkUp). An InfiniBand port that is LinkUp but not Active (Initializing) is
+    what an unmanaged fabric leaves, so it is not a reason: that is the SM's row to fail."""
+    ib = {k: v for k, v in ports.items() if v.get("Link layer", "InfiniBand") == "InfiniBand"}
+    if not ib:
+        return "no InfiniBand port"
+    if any(v.get("Physical state") == "LinkUp" for v in ib.values()):
+        return None
+    shown = ", ".join(f"{ca}/{n} {v.get('Physical state', '?')}" for (ca, n), v in sorted(ib.items()))
+    return f"no InfiniBand port is linked up ({shown})"
+
+
 def parse_sminfo(output: str) -> dict[str, str | int] | None:
     """`sminfo` -> {"lid": 1, "guid": "0x...", "activity": 42, "priority": 0, "state": 3,
     "name": "SMINFO_MASTER"}; a failure -> {"failed": "query"}; anything else -> None."""

@@ -338,3 +338,19 @@ def test_the_drain_state_follows_xdg_state_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert state_file(None) == tmp_path / "home" / ".local" / "state" / "gpu-cluster" / "drained-agents.json"
     assert state_file("~/x.json") == tmp_path / "home" / "x.json"
+
+
+def test_sminfo_is_not_blamed_for_a_port_whose_link_is_down():
+    from deploy.facts.fabric import no_linked_port
+
+    def port(state, phys, layer="InfiniBand"):
+        return {"State": state, "Physical state": phys, "Link layer": layer}
+
+    assert no_linked_port({("mlx5_0", 1): port("Active", "LinkUp")}) is None
+    # Initializing behind a linked port: an unmanaged fabric, the SM row's to fail.
+    assert no_linked_port({("mlx5_0", 1): port("Initializing", "LinkUp")}) is None
+    down = no_linked_port(
+        {("mlx5_0", 1): port("Down", "Polling"), ("mlx5_1", 1): port("Active", "LinkUp", "Ethernet")}
+    )
+    assert down == "no InfiniBand port is linked up (mlx5_0/1 Polling)"
+    assert no_linked_port({}) == "no InfiniBand port"
