@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import runpy
 import shlex
 import shutil
@@ -137,17 +136,14 @@ class Master:
 def agents_of(node: Node, agents: list[dict]) -> list[dict]:
     """The node's agents: id `<hostname>` (per_node) or `<hostname>-<i>` (per_domain), or
     connected from the node's management address."""
-    pattern = re.compile(rf"{re.escape(node.hostname)}(-\d+)?")
-    return [
-        a for a in agents if pattern.fullmatch(a["id"]) or str(node.address) in (a.get("addresses") or [])
-    ]
+    return [a for a in agents if node.owns_agent(a["id"]) or str(node.address) in (a.get("addresses") or [])]
 
 
 def expected_back(node: Node, ids: list[str]) -> list[str]:
     """Of the agents seen before, those the node's current agent_layout brings back."""
     if node.agent_layout == "per_node":
         return [i for i in ids if i == node.hostname]
-    return [i for i in ids if re.fullmatch(rf"{re.escape(node.hostname)}-\d+", i)]
+    return [i for i in ids if i != node.hostname and node.owns_agent(i)]
 
 
 def cluster_of(inventory: Path) -> Cluster:

@@ -17,7 +17,6 @@ nothing is known to run through it, and the deploy goes on, saying so once.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from pyinfra import logger
@@ -58,15 +57,14 @@ IDLE = Busy(node="")
 
 def holders_by_node(cluster: Cluster, summaries: dict) -> dict[str, tuple[str, ...]]:
     """GET /api/v1/tasks's allocationIdToSummary -> {hostname: allocation names}."""
-    patterns = {n.hostname: re.compile(rf"{re.escape(n.hostname)}(-\d+)?") for n in cluster.agents}
     found: dict[str, set[str]] = {}
     for summary in (summaries or {}).values():
         name = str(summary.get("name") or summary.get("allocationId") or "an allocation")
         for resources in summary.get("resources") or []:
             for agent_id in resources.get("agentDevices") or {}:
-                for hostname, pattern in patterns.items():
-                    if pattern.fullmatch(str(agent_id)):
-                        found.setdefault(hostname, set()).add(name)
+                for node in cluster.agents:
+                    if node.owns_agent(str(agent_id)):
+                        found.setdefault(node.hostname, set()).add(name)
     return {hostname: tuple(sorted(names)) for hostname, names in found.items()}
 
 

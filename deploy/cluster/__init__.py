@@ -27,52 +27,11 @@ Secret values never appear in a problem or a repr (see deploy/secrets.py).
     python -m deploy.cluster docs              # regenerate docs/cluster-yaml.md's key tables
 """
 
+from deploy.cluster import model
 from deploy.cluster.cli import main
-from deploy.cluster.model import (
-    AGENT_LAYOUTS,
-    ARTIFACT_KINDS,
-    DEFAULT_DETERMINED_VERSION,
-    DEFAULT_VERSIONS,
-    REBOOT_POLICIES,
-    ROLES,
-    SLOT_TYPES,
-    Artifact,
-    Cluster,
-    Database,
-    Determined,
-    IpoibNetwork,
-    Network,
-    Node,
-    Preflight,
-    Sources,
-    Ssh,
-    Storage,
-    Versions,
-)
+from deploy.cluster.model import *  # noqa: F403  (the names model.__all__ lists, kept there once)
 from deploy.cluster.reader import ClusterError
 from deploy.cluster.rules import load_cluster
 
-__all__ = [
-    "AGENT_LAYOUTS",
-    "ARTIFACT_KINDS",
-    "DEFAULT_DETERMINED_VERSION",
-    "DEFAULT_VERSIONS",
-    "REBOOT_POLICIES",
-    "ROLES",
-    "SLOT_TYPES",
-    "Artifact",
-    "Cluster",
-    "ClusterError",
-    "Database",
-    "Determined",
-    "IpoibNetwork",
-    "Network",
-    "Node",
-    "Preflight",
-    "Sources",
-    "Ssh",
-    "Storage",
-    "Versions",
-    "load_cluster",
-    "main",
-]
+__all__ = ["ClusterError", "load_cluster", "main"]
+__all__ += model.__all__

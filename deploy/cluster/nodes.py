@@ -74,6 +74,15 @@ class Node:
         """The node's name on the IPoIB network, in every node's /etc/hosts (roles/node/hosts.py)."""
         return f"{self.hostname}-{self.ipoib_interface}"
 
+    def owns_agent(self, agent_id: str) -> bool:
+        """Whether a Determined agent id is one the deploy gives this node: the hostname
+        (agent_layout per_node) or `<hostname>-<i>` (per_domain, one per NVLink domain;
+        deploy/topology.py agent_plan). Either layout's ids: a node mid-flip has both."""
+        if agent_id == self.hostname:
+            return True
+        head, _, index = agent_id.rpartition("-")
+        return head == self.hostname and index.isascii() and index.isdigit()
+
     def to_json(self) -> dict:
         return {
             "hostname": self.hostname,

@@ -1,4 +1,4 @@
-# Run on the master node by roles/determined_users.py (`python3 -c`; nothing is installed).
+# Run on the master node by roles/determined/users.py (`python3 -c`; nothing is installed).
 """Determined's built-in users through the master's own REST API on 127.0.0.1.
 
 With DET_MASTER_CERT_NAME and DET_MASTER_CERT_FILE in the environment (determined.tls, named as
@@ -15,7 +15,7 @@ Determined's own client reads them: harness/determined/common/api/certs.py), ove
                               when admin's password is another
 
 The configured password is master.yaml's security.initial_user_password (CONFIG: 0600 root,
-a JSON string written by roles/determined_master.py), where the node already holds it.
+a JSON string written by roles/determined/master.py), where the node already holds it.
 The requests are those of Determined's own Python client (harness/determined/common/api/
 authentication.py and common/experimental/user.py at v0.38.0): the password salted and hashed
 on the client (sha512 hex of a fixed salt + password) with isHashed; PATCH /api/v1/users/{id}

@@ -1,5 +1,5 @@
-# install.sh TARBALL WORK_DIR TOP RELEASE OPENIBD LOCK_TIMEOUT, run by roles/mofed.py (see
-# roles/scripts.py). Unpacks the (sha256-verified) MLNX_OFED TARBALL into WORK_DIR, where it
+# install.sh TARBALL WORK_DIR TOP RELEASE OPENIBD LOCK_TIMEOUT, run by roles/fabric/mofed.py (see
+# roles/shared/scripts.py). Unpacks the (sha256-verified) MLNX_OFED TARBALL into WORK_DIR, where it
 # makes the directory TOP; waits up to LOCK_TIMEOUT seconds until no apt or dpkg runs; runs
 # mlnxofedinstall, explains its exit status, restarts OPENIBD and checks that `ofed_info -s`
 # names RELEASE. Success removes the unpacked tree and the tarball; a failure keeps the

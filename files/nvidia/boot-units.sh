@@ -1,5 +1,5 @@
 #!/bin/sh
-# boot-units.sh SECONDS UNIT..., from roles/nvidia_driver.py after its reboot.
+# boot-units.sh SECONDS UNIT..., from roles/nvidia/driver.py after its reboot.
 # After the driver's reboot: the units a node needs from boot are active. A unit that failed
 # during that boot (a module load that raced, a cgroup the kernel refused under load: systemd's
 # status 219/CGROUP) is started once more; one that fails again fails this host, named, rather than

@@ -1,5 +1,5 @@
 #!/bin/sh
-# cuda-link.sh HOME PRIORITY LINK, from roles/cuda.py: LINK (/usr/local/cuda) -> HOME through
+# cuda-link.sh HOME PRIORITY LINK, from roles/nvidia/cuda.py: LINK (/usr/local/cuda) -> HOME through
 # the "cuda" alternative, the name and priority NVIDIA's own packages use.
 set -u
 home=$1 priority=$2 link=$3

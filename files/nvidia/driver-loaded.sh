@@ -1,5 +1,5 @@
 #!/bin/sh
-# driver-loaded.sh VERSION SECONDS, from roles/nvidia_driver.py after its reboot: wait up to
+# driver-loaded.sh VERSION SECONDS, from roles/nvidia/driver.py after its reboot: wait up to
 # SECONDS for nvidia-smi to report VERSION on every GPU, else fail with what nvidia-smi said,
 # so that a reboot that did not load the new module stops this host here.
 set -u

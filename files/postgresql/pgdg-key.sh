@@ -1,4 +1,4 @@
-# pgdg-key.sh URL FINGERPRINT DEST, run by roles/postgresql.py (see roles/scripts.py).
+# pgdg-key.sh URL FINGERPRINT DEST, run by roles/postgresql/server.py (see roles/shared/scripts.py).
 # Installs the PGDG apt signing key at DEST only if the file downloaded from URL holds exactly
 # one key, the one with the pinned FINGERPRINT (it is a key, not a fixed file: its sha256
 # changes when PGDG extends its expiry). apt trusts every key of a signed-by keyring, so a

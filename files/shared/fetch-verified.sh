@@ -11,7 +11,7 @@ case $sha256 in
     *[!0-9a-f]*|'') echo "$artifact: no sha256 pin for $url: nothing was downloaded" >&2; exit 1 ;;
 esac
 [ ${#sha256} -eq 64 ] || { echo "$artifact: the sha256 pin is not 64 hex digits" >&2; exit 1; }
-# The site mirror's login (roles/apt_proxy.py writes it, root 0600; shared_ops.DOWNLOAD_NETRC):
+# The site mirror's login (roles/apt/proxy.py writes it, root 0600; roles/shared/ops.py DOWNLOAD_NETRC):
 # curl reads it from the file and sends it to that host only, never from its command line.
 netrc=/etc/gpu-cluster/download.netrc
 mkdir -p "$(dirname "$dest")" && rm -f "$part" || exit 1

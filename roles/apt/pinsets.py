@@ -49,7 +49,7 @@ def sources_list_path(os_id: str, os_version: str) -> str:
 def sources_list(repo_url: str) -> str:
     """A flat repo (`URL /`), trusted only through NVIDIA's keyring."""
     return (
-        "# NVIDIA CUDA repository, written by the cluster deploy (roles/apt_pins.py).\n"
+        "# NVIDIA CUDA repository, written by the cluster deploy (roles/apt/cuda_repo.py).\n"
         f"deb [signed-by={CUDA_KEYRING_FILE}] {repo_url} /\n"
     )
 

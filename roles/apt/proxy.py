@@ -65,7 +65,7 @@ def auth_conf(cluster: Cluster) -> str | None:
         entries.append(f"machine {_machine(sources.apt_proxy)} login {user} password {password}")
     if not entries:
         return None
-    return "# gpu-cluster (roles/apt_proxy.py): logins from cluster.yaml\n" + "\n".join(entries) + "\n"
+    return "# gpu-cluster (roles/apt/proxy.py): logins from cluster.yaml\n" + "\n".join(entries) + "\n"
 
 
 def download_netrc(cluster: Cluster) -> str | None:

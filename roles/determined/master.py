@@ -68,7 +68,7 @@ def master_yaml(cluster: Cluster) -> str:
 def s3_env(cluster: Cluster) -> str:
     storage = cluster.storage
     return env_file(
-        "S3 credentials and region for determined-master.service (roles/determined_master.py),\n"
+        "S3 credentials and region for determined-master.service (roles/determined/master.py),\n"
         "loaded by its drop-in 10-s3.conf. 0600 root.",
         {
             "AWS_ACCESS_KEY_ID": storage.determined_user,

@@ -63,7 +63,7 @@ def env_content(cluster: Cluster) -> str:
     storage = cluster.storage
     browser = {"MINIO_BROWSER": "off"} if storage.console == "disabled" else {}
     return env_file(
-        "MinIO server settings for minio.service (roles/minio.py). Holds the root\n"
+        "MinIO server settings for minio.service (roles/minio/server.py). Holds the root\n"
         "credentials: keep it 0600 root:root; systemd reads it as root.",
         {
             "MINIO_VOLUMES": storage.data_dir,

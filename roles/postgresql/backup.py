@@ -44,7 +44,7 @@ PREFIX = minio_admin.BACKUP_PREFIX
 
 def conf(cluster: Cluster) -> str:
     return env_file(
-        "Settings of /usr/local/sbin/pg-backup (roles/pg_backup.py). No secrets: the S3 keys\n"
+        "Settings of /usr/local/sbin/pg-backup (roles/postgresql/backup.py). No secrets: the S3 keys\n"
         f"come from {S3_ENV} (root 0600).",
         {
             "PGB_ENDPOINT": cluster.storage.endpoint_url,
@@ -61,7 +61,7 @@ def s3_env(cluster: Cluster) -> str:
     storage = cluster.storage
     return env_file(
         "S3 keys of pg-backup's own MinIO user (storage.backup_user: backups/postgresql/ only),\n"
-        "read by /usr/local/sbin/pg-backup (roles/pg_backup.py). 0600 root.",
+        "read by /usr/local/sbin/pg-backup (roles/postgresql/backup.py). 0600 root.",
         {
             "AWS_ACCESS_KEY_ID": storage.backup_user,
             "AWS_SECRET_ACCESS_KEY": storage.backup_secret.value,

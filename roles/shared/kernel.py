@@ -48,7 +48,7 @@ def uu_blacklist(release: str) -> str:
     package name; apt appends list entries from every file, so the distribution's own
     50unattended-upgrades entries stay."""
     lines = [
-        "// Written by the gpu-cluster deploy (roles/kernel.py). MLNX_OFED's modules are built",
+        "// Written by the gpu-cluster deploy (roles/shared/kernel.py). MLNX_OFED's modules are built",
         f"// for kernel {release} only; its packages are also held (apt-mark showhold).",
         "Unattended-Upgrade::Package-Blacklist {",
         *(f'    "{e}";' for e in uu_blacklist_entries(release)),

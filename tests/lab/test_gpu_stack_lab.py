@@ -4,14 +4,16 @@ Reboots are counted from the lab's side: each boot of a node is one "supervise: 
 in its console log (tests/lab/supervise.py), so a test sees every reboot, not just the last.
 """
 
+import re
 import shlex
 import time
 
 import pytest
 import yaml
 
-from deploy.pins import driver_pins, ofed_release
+from deploy.pins import PinSet, driver_pins, ofed_release
 from roles.apt.cuda_repo import sources_list, sources_list_path
+from roles.apt.pinsets import preferences_path, render_preferences
 from roles.fabric import mofed
 from roles.shared import kernel
 
@@ -258,3 +260,82 @@ def test_ofed_installer_refuses_without_prerequisites_until_the_role_installs_th
     assert headers in lab_ssh(node, "apt-mark showhold").stdout.split()
     blacklist = lab_ssh(node, "apt-config dump Unattended-Upgrade::Package-Blacklist").stdout
     assert f'"{kernel.uu_blacklist_entries(release)[1]}"' in blacklist
+
+
+# The install the driver role runs, simulated (`apt-get install -s`) on a deployed GPU node
+# against the lab's NVIDIA repo (its real lists), as if the driver were not installed: a copy
+# of dpkg's status without the driver's packages (and what depends on them), and a
+# preferences directory of its own. Nothing on the node changes.
+SIMULATE = r"""
+import os, re, shutil, subprocess, sys, tempfile
+pins_file, drop = sys.argv[1], set(sys.argv[2].split())
+stanzas = open("/var/lib/dpkg/status").read().strip().split("\n\n")
+def name(s): return re.search(r"^Package: (\S+)", s, re.M).group(1)
+def deps(s):
+    m = re.search(r"^(?:Pre-)?Depends: (.*)$", s, re.M)
+    return set(re.findall(r"([a-z0-9][a-z0-9+.-]+)", re.sub(r"\([^)]*\)", "", m.group(1)))) if m else set()
+while True:  # what depends on a dropped package goes too (the container toolkit does not)
+    more = {name(s) for s in stanzas if name(s) not in drop and deps(s) & drop}
+    if not more:
+        break
+    drop |= more
+root = tempfile.mkdtemp(prefix="dtlab-pins-")
+status = os.path.join(root, "status")
+open(status, "w").write("\n\n".join(s for s in stanzas if name(s) not in drop) + "\n")
+parts = os.path.join(root, "preferences.d")
+shutil.copytree("/etc/apt/preferences.d", parts)
+if pins_file != "-":  # the driver's preferences replaced by the ones given on stdin
+    open(os.path.join(parts, pins_file), "w").write(sys.stdin.read())
+proc = subprocess.run(
+    ["apt-get", "-o", f"Dir::State::status={status}", "-o", f"Dir::Etc::PreferencesParts={parts}",
+     "-o", "Dir::Etc::Preferences=/dev/null", "-o", "Debug::NoLocking=1", "install", "-s", "-y",
+     "--no-install-recommends", *sys.argv[3:]],
+    capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"},
+)
+shutil.rmtree(root)
+sys.stdout.write(proc.stdout + proc.stderr)
+sys.exit(proc.returncode)
+"""
+
+# What deploy/pins.py pinned before it pinned the driver's whole graph.
+EIGHT_PINS = (
+    "cuda-drivers-515",
+    "nvidia-driver-515",
+    "nvidia-dkms-515",
+    "libnvidia-compute-515",
+    "nvidia-compute-utils-515",
+    "nvidia-utils-515",
+    "nvidia-kernel-source-515",
+    "nvidia-modprobe",
+)
+
+
+def test_the_old_eight_driver_pins_fail_on_the_labs_repo_and_the_whole_set_installs(deployed, lab, lab_ssh):
+    """The driver role's install with the 8 pins of before (#31) against the lab's NVIDIA repo,
+    which has the branch's newer builds of every sub-package as NVIDIA's repo has: apt refuses
+    with NVIDIA's repo's words; with the deploy's own preferences file the same install takes
+    exactly the pinned set."""
+    node = lab.agents[-1].hostname
+    pins = driver_pins(lab.versions.nvidia_driver)
+    eight = PinSet(name=pins.name, packages=tuple(p for p in pins.packages if p[0] in EIGHT_PINS))
+    assert len(eight.packages) == 8
+    drop = " ".join(p for p, _ in pins.packages)
+    pref_name = preferences_path(pins).rsplit("/", 1)[1]
+
+    def simulate(pref: str, pinset: PinSet, stdin: str = ""):
+        args = " ".join(shlex.quote(a) for a in [pref, drop, *pinset.install_args()])
+        return lab_ssh(node, f"python3 -c {shlex.quote(SIMULATE)} {args} <<'EOF'\n{stdin}EOF", check=False)
+
+    old = simulate(pref_name, eight, render_preferences(eight))
+    assert old.returncode == 100, old.stdout[-3000:]
+    driver = lab.versions.nvidia_driver
+    assert re.search(
+        rf"Depends: libnvidia-\S+-515 \(= {re.escape(driver)}-0ubuntu1\) but 515\.105\.01-0ubuntu1 is to be "
+        "installed",
+        old.stdout,
+    ), old.stdout[-3000:]
+    assert "E: Unable to correct problems, you have held broken packages." in old.stdout, old.stdout[-3000:]
+
+    new = simulate("-", pins)
+    assert new.returncode == 0, new.stdout[-3000:]
+    assert dict(re.findall(r"^Inst (\S+) \((\S+) ", new.stdout, re.M)) == pins.as_dict(), new.stdout[-3000:]

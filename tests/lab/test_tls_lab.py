@@ -140,10 +140,11 @@ class Master:
             time.sleep(2)
 
 
-def _master_plain_http(cluster) -> tuple[int | None, str]:
-    conn = http.client.HTTPConnection(str(cluster.master_node.address), cluster.master_port, timeout=10)
+def _plain_http(address, port: int, path: str) -> tuple[int | None, str]:
+    """GET over plain HTTP: (status, body), or (None, the error) when the server drops it."""
+    conn = http.client.HTTPConnection(str(address), port, timeout=10)
     try:
-        conn.request("GET", "/info")
+        conn.request("GET", path)
         response = conn.getresponse()
         return response.status, response.read().decode(errors="replace")
     except (OSError, http.client.HTTPException) as e:
@@ -201,18 +202,6 @@ def _untrusting_trial(master: Master, cluster_path) -> list[str]:
     return [json.loads(line)["result"]["message"] for line in raw.splitlines() if line.strip()]
 
 
-def _storage_plain_http(cluster) -> tuple[int | None, str]:
-    conn = http.client.HTTPConnection(str(cluster.storage_node.address), cluster.storage.port, timeout=10)
-    try:
-        conn.request("GET", "/minio/health/ready")
-        response = conn.getresponse()
-        return response.status, response.read().decode(errors="replace")
-    except (OSError, http.client.HTTPException) as e:
-        return None, repr(e)
-    finally:
-        conn.close()
-
-
 def _ready(cluster, scheme: str) -> int:
     url = f"{scheme}://{cluster.storage_node.address}:{cluster.storage.port}/minio/health/ready"
     return s3.pool(cluster, retries=0).request("GET", url).status
@@ -226,7 +215,7 @@ def _ready(cluster, scheme: str) -> int:
 def _storage_tls_on(tls, lab, lab_ssh) -> None:
     storage, master = lab.storage_node.hostname, lab.master_node.hostname
     assert _ready(tls, "https") == 200
-    status, body = _storage_plain_http(tls)
+    status, body = _plain_http(tls.storage_node.address, tls.storage.port, "/minio/health/ready")
     assert status != 200 and (status is None or PLAIN_HTTP_ANSWER in body), (status, body)
     mode = lab_ssh(storage, f"stat -c '%U %a' {minio_tls.CERTS_DIR}/private.key").stdout.split()
     assert mode == [minio_tls.USER, "600"]
@@ -244,7 +233,7 @@ def _storage_tls_on(tls, lab, lab_ssh) -> None:
 def _master_tls_on(tls, lab, server, ca_file, expected) -> Master:
     served = ssl.get_server_certificate((str(lab.master_node.address), lab.master_port))
     assert ssl.PEM_cert_to_DER_cert(served) == ssl.PEM_cert_to_DER_cert(server.cert_pem.decode())
-    status, body = _master_plain_http(tls)
+    status, body = _plain_http(tls.master_node.address, tls.master_port, "/info")
     assert status is None and "RemoteDisconnected" in body, (status, body)
     master = Master(tls, ca_file)
     assert master.request("GET", "/info")[0] == 200

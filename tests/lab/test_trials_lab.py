@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.det_cli import run_det
 from tests.verify.master_api import admin_token
 
 pytestmark = pytest.mark.lab
@@ -269,8 +267,6 @@ def test_trial_containers_carry_the_real_labels(api, lab, lab_ssh):
 
 # --- the real `det` CLI (determined==0.38.0, the project's own dependency) ------------------------
 
-DET = Path(sys.executable).parent / "det"
-
 
 def cells(table: str) -> list[list[str]]:
     """The cells of each line of a tabulated CLI answer."""
@@ -290,23 +286,7 @@ class Det:
         )
 
     def __call__(self, *args: str, stdin: str = "", ok: bool = True) -> str:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "AWS_"))}
-        env.update(DET_MASTER=self.master, HOME=str(self.home), XDG_CONFIG_HOME=str(self.home / ".config"))
-        result = subprocess.run(
-            [str(DET), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            cwd=self.home,
-            start_new_session=True,
-            env=env,
-        )
-        out = result.stdout + result.stderr
-        assert (result.returncode == 0) == ok, f"det {' '.join(args)} -> {result.returncode}:\n{out}"
-        assert "Traceback" not in out, out
-        return out
+        return run_det(self.master, self.home, *args, cwd=self.home, stdin=stdin, ok=ok)
 
     def create(self, seconds: int) -> int:
         (self.home / "experiment.yaml").write_text(

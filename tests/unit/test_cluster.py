@@ -706,3 +706,22 @@ def test_subnet_manager_names_a_declared_node(tmp_path, monkeypatch):
         f"{path}: network.subnet_manager: 'a2': not the hostname of a node under nodes (the node "
         "that runs opensm)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("agent_id", "owned"),
+    [
+        ("lab-gpu1", True),  # per_node
+        ("lab-gpu1-0", True),  # per_domain
+        ("lab-gpu1-12", True),
+        ("lab-gpu1-", False),
+        ("lab-gpu1-x", False),
+        ("lab-gpu1-١", False),  # a digit, not an ASCII one: never an index the deploy writes
+        ("lab-gpu10", False),
+        ("lab-gpu", False),
+        ("lab-gpu1-0-0", False),
+    ],
+)
+def test_a_node_owns_its_agents_ids_in_both_layouts(agent_id, owned):
+    node = next(n for n in load_cluster(LAB).nodes if n.hostname == "lab-gpu1")
+    assert node.owns_agent(agent_id) is owned

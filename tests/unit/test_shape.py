@@ -24,6 +24,7 @@ and a repository that stands alone.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,39 @@ def test_nothing_points_outside_the_repository():
         text = path.read_text(errors="replace")
         offenders += [f"{_rel(path)}: {word}" for word in OUTSIDE if word in text]
     assert not offenders, offenders
+
+
+# Paths of this repository named in its own text (comments on nodes, docstrings, docs): each
+# must exist, so a moved module does not leave its old name behind. Paths that are another
+# project's (a file of NVIDIA's Ansible role) or a pattern, by name.
+OWN_PATH = re.compile(
+    r"(?<![\w/.-])(?:roles|files)/[A-Za-z0-9_./-]*[A-Za-z0-9_]\.(?:py|j2|sh|conf|service|timer|yaml)\b"
+)
+NOT_OURS = {
+    "files/nvidia-persistenced-override.conf",  # NVIDIA/ansible-role-nvidia-driver's
+    "files/PACKAGE/NAME.sh",  # the pattern a shared script's path follows
+}
+
+
+def test_every_own_path_named_in_the_text_exists():
+    files = [REPO / "README.md"]
+    for d in (*CODE_DIRS, "docs", "files"):
+        files += [p for p in (REPO / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    missing = []
+    for path in files:
+        if (
+            path.suffix not in TEXT_SUFFIXES
+            and path.parent.name != "files"
+            and path.parent.parent.name != "files"
+        ):
+            continue
+        text = path.read_text(errors="replace")
+        missing += [
+            f"{_rel(path)}: {name}"
+            for name in sorted(set(OWN_PATH.findall(text)))
+            if name not in NOT_OURS and not (REPO / name).exists()
+        ]
+    assert not missing, missing
 
 
 # --- verify is its own oracle ---------------------------------------------------------------
@@ -537,7 +571,7 @@ def test_the_package_privacy_detector_sees_what_it_must():
 
 
 def test_no_twin_module_names_across_deploy_and_roles():
-    """deploy/minio_iam.py beside roles/minio_iam.py read as one module in two places: a name is
+    """Twins (a deploy/minio_iam.py beside a roles/ minio_iam.py) read as one module in two places: a name is
     in one tree or the other (a package's __init__ and __main__ aside)."""
 
     def stems(tree: str) -> dict[str, list[str]]:

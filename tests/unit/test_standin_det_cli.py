@@ -14,25 +14,22 @@ import io
 import json
 import os
 import secrets
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.lab.det_cli import DET, run_det
 from tests.unit.test_standin_determined import (
     GPUS,
     MasterProcess,
     base_config,
-    clean_env,
     postgres,  # noqa: F401 - the fixture
     wait_for,
 )
 from tests.unit.test_standin_minio import MinioProcess
 
-DET = Path(sys.executable).parent / "det"
 PASSWORD = "Admin-Passw0rd"
 MINIO_USER = "labadmin"
 MINIO_SECRET = "lab-secret-" + secrets.token_hex(6)
@@ -101,26 +98,8 @@ class Lab:
                 self.master.request("POST", f"/agents/heartbeat?id={agent}")
 
     def det(self, *args: str, stdin: str = "", ok: bool = True, **env: str) -> str:
-        result = subprocess.run(
-            [str(DET), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=self.tmp,
-            start_new_session=True,  # no controlling terminal: getpass reads stdin
-            env=clean_env(
-                DET_MASTER=f"http://127.0.0.1:{self.master.port}",
-                HOME=str(self.home),
-                XDG_CONFIG_HOME=str(self.home / ".config"),
-                **env,
-            ),
-        )
-        out = result.stdout + result.stderr
-        assert (result.returncode == 0) == ok, f"det {' '.join(args)} -> {result.returncode}:\n{out}"
-        assert "Traceback" not in out, out
-        return out
+        master = f"http://127.0.0.1:{self.master.port}"
+        return run_det(master, self.home, *args, cwd=self.tmp, stdin=stdin, ok=ok, timeout=60, **env)
 
     def work(self, wait: float = 10, agent: str = "gpu1") -> dict:
         return self.master.request("GET", f"/agents/work?id={agent}&wait={wait}")[1]

@@ -226,7 +226,7 @@ def test_logins_go_to_root_only_files_in_apt_and_curl_formats(tmp_path, monkeypa
     )
     assert "M1rr0r" not in repr(cluster.sources) and "Pr0xy" not in repr(cluster.sources)
     assert apt_proxy.auth_conf(cluster) == (
-        "# gpu-cluster (roles/apt_proxy.py): logins from cluster.yaml\n"
+        "# gpu-cluster (roles/apt/proxy.py): logins from cluster.yaml\n"
         "machine http://mirror.test:8077 login site password M1rr0r-pw!\n"
         "machine http://proxy.test:3128 login px password Pr0xy#pw\n"
     )

@@ -1,7 +1,6 @@
 """The Determined master's REST API as the checks read it: login, list agents, count slots."""
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -33,8 +32,7 @@ def _master_url(cluster) -> str:
 def _agents_of(node, agents: dict) -> dict:
     """The registered agents the deploy gives this node: id = hostname (agent_layout per_node)
     or hostname-<i> (per_domain, one per NVLink domain)."""
-    pattern = re.compile(re.escape(node.hostname) + r"(-[0-9]+)?")
-    return {i: a for i, a in agents.items() if pattern.fullmatch(i)}
+    return {i: a for i, a in agents.items() if node.owns_agent(i)}
 
 
 def _slot_count(slots) -> int:
