@@ -3,8 +3,9 @@ air-gapped site runs one) on the lab bridge, 10.77.0.1:5000, with TLS from a lab
 stand-ins for Determined's task images under their real names.
 
 The controller has no Docker daemon, so the images are built here: one layer with the lab's
-cached base root filesystem (Debian 12 with python3 and openssh-server/-client), one with boto3
-and its pure-Python dependencies (pinned wheels, sha256-checked by pip), one with Debian's
+cached base root filesystem (Debian 12 with python3 and openssh-server/-client), one with
+Determined's harness (`determined` 0.38.0 and what it Requires, boto3 among them: pinned wheels,
+sha256-checked by pip; tests/lab/task_wheels.py), one with Debian's
 Open MPI and mpi4py (DEB_PACKAGES: the smoke experiment's distributed trial,
 deploy/experiment/smoke.py), each image a Docker image manifest v2
 schema 2 with its image config, pushed through the registry's HTTP API v2 (blob uploads, then
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from .paths import APT_PROXY_PORT, BASE_ROOTFS, RUN, STATE
 from .shell import LabError, run
+from .task_wheels import WHEELS_PINNED
 
 DIR = STATE / "registry"
 CA_KEY, CA_CRT = DIR / "ca.key", DIR / "ca.crt"
@@ -59,20 +61,8 @@ MTIME = 0
 # Not part of an image (they are mounts at run time); the directories stay, empty.
 EMPTY_DIRS = ("dev", "proc", "sys", "run", "tmp")
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"  # Debian 12's python3 reads it
+DATA_PREFIX = "usr/local"  # where Debian's pip puts a wheel's .data/data (its posix_local scheme)
 
-# boto3 as a mid-2024 image has it (the real task images were built July 2024); before 1.36,
-# whose default request checksums (aws-chunked trailers) older S3 servers reject.
-WHEELS_PINNED = {
-    "boto3-1.34.162-py3-none-any.whl": "d6f6096bdab35a0c0deff469563b87d184a28df7689790f7fe7be98502b7c590",
-    "botocore-1.34.162-py3-none-any.whl": "2d918b02db88d27a75b48275e6fb2506e9adaaddbec1ffa6a8a0898b34e769be",
-    "jmespath-1.0.1-py3-none-any.whl": "02e2e4cc71b5bcab88332eebf907519190dd9e6e82107fa7f83b1003a6252980",
-    "python_dateutil-2.9.0.post0-py2.py3-none-any.whl": (
-        "a8b2bc7bffae282281c8140a97d3aa9c14da0b136dfe83f850eea9a5f7470427"
-    ),
-    "s3transfer-0.10.4-py3-none-any.whl": "244a76a24355363a68164241438de1b72f8781664920260c48465896b712a41e",
-    "six-1.16.0-py2.py3-none-any.whl": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254",
-    "urllib3-2.2.3-py3-none-any.whl": "ca899ca043dcb1bafa3e262d73aa25c465bfb49e0bd9dd5d59f1d0acba2f8fac",
-}
 
 # Determined's images (determined-ai/environments Dockerfile-base-cpu/-cuda, Dockerfile-pytorch-ngc).
 _DETERMINED_ENV = ["PYTHONUNBUFFERED=1", "PYTHONFAULTHANDLER=1", "PYTHONHASHSEED=0"]
@@ -497,9 +487,10 @@ def fetch_wheels() -> list[Path]:
         lines.append(f"{project}=={version} --hash=sha256:{sha}")
     requirements.write_text("\n".join(lines) + "\n")
     proc = subprocess.run(
+        # The running interpreter's tags (CPython 3.11 on Debian 12, as in the images: README):
+        # pip's --platform cannot name the legacy manylinux2014 aliases some wheels carry.
         [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-         "--only-binary=:all:", "--require-hashes", "--python-version", "3.11", "--implementation", "py",
-         "--platform", "any", "-d", str(WHEELS), "-r", str(requirements)],
+         "--only-binary=:all:", "--require-hashes", "-d", str(WHEELS), "-r", str(requirements)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -516,7 +507,7 @@ def wheels_key(wheels: list[Path]) -> str:
 
 def fill_wheels(wheels: list[Path]):
     """The wheels unpacked into SITE_PACKAGES, as pip installs their files, without the
-    command-line scripts (what a trial needs is `import boto3`)."""
+    command-line scripts (what a trial needs is `import determined` and `import boto3`)."""
 
     def fill(tar: tarfile.TarFile) -> None:
         entries: dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] = {}
@@ -530,9 +521,12 @@ def fill_wheels(wheels: list[Path]):
                     kind, _, rest = rest.partition("/")
                     if kind == "scripts":
                         continue  # command-line entry points (jmespath's jp.py): not for `import`
-                    if kind not in ("purelib", "platlib"):
+                    if kind == "data":  # under the scheme's prefix (fonttools' man page)
+                        target = f"{DATA_PREFIX}/{rest}"
+                    elif kind in ("purelib", "platlib"):
+                        target = f"{SITE_PACKAGES}/{rest}"
+                    else:
                         raise LabError(f"{z.filename}: {item.filename}: not unpacked here")
-                    target = f"{SITE_PACKAGES}/{rest}"
                 else:
                     target = f"{SITE_PACKAGES}/{item.filename}"
                 if target in entries:

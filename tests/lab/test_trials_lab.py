@@ -24,6 +24,8 @@ import base64
 import json
 import re
 import shlex
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +35,9 @@ import pytest
 
 from tests.lab.det_cli import run_det
 from tests.verify.master_api import admin_token
+
+from .conftest import LAB_CLUSTER
+from .paths import REPO
 
 pytestmark = pytest.mark.lab
 
@@ -348,4 +353,57 @@ def test_the_real_det_cli_against_the_lab_master(api, lab, tmp_path):
         out = det("experiment", "kill", str(exp_id))
     assert f"Killed experiment {exp_id}" in out
     assert api.wait(exp_id, timeout=60)["state"] == "STATE_CANCELED"
+    assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))
+
+
+def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, tmp_path):
+    """What a new user does: `python -m deploy experiment new` for the lab, then the pinned `det
+    experiment create` of its experiment.yaml and model/. The trial is the example's Core API
+    script on the task image's own `determined` (the harness of the master's version): core.init
+    against the master, metrics, checkpoints through the harness's S3 storage manager into the
+    lab's MinIO; the CLI then lists and downloads the last checkpoint."""
+    out_dir = tmp_path / "example"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deploy",
+            "experiment",
+            "new",
+            "--cluster",
+            str(LAB_CLUSTER),
+            "--out",
+            str(out_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "home").mkdir()
+    det = Det(lab, tmp_path / "home")
+    det("user", "login", "admin", stdin=lab.determined.admin_password.value + "\n")
+    out = det("experiment", "create", str(out_dir / "experiment.yaml"), str(out_dir / "model"))
+    exp_id = int(out.rsplit("Created experiment ", 1)[1].split()[0])
+    trial = api.wait(exp_id, timeout=300)
+    logs = "".join(entry.get("log") or entry.get("message") or "" for entry in api.logs(trial["id"]))
+    assert trial["state"] == "STATE_COMPLETED", logs[-4000:]
+    assert "No module named" not in logs, logs[-4000:]
+    # The chief's reports, as the master got them from the harness.
+    assert trial["totalBatchesProcessed"] == 50, trial
+    assert "loss" in trial["latestValidation"]["metrics"]["avgMetrics"], trial["latestValidation"]
+    listed = det("experiment", "list-checkpoints", str(exp_id))
+    uuids = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", listed)
+    assert uuids, listed
+    target = tmp_path / "downloaded"
+    # boto3 signs for the site region (the CLI reads S3 itself: --mode auto, direct first).
+    run_det(
+        det.master, det.home, "checkpoint", "download", uuids[-1], "-o", str(target), cwd=det.home,
+        AWS_DEFAULT_REGION=lab.storage.region,
+    )  # fmt: skip
+    state = json.loads((target / "state.json").read_text())
+    assert state["steps_completed"] == 50 and abs(state["w"] - 3) < 1, state
+    print(f"experiment new's example: {exp_id}, checkpoints {uuids}, state {state}")
     assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))

@@ -928,7 +928,7 @@ CASES = [
             "Install determined-master 0.38.0 (sha256-pinned)": [
                 "shared/fetch-verified.sh",
                 "determined-master_0.38.0_linux_amd64.deb",
-                "137f99702d7701ccd23df1d3ce0792676e1bc1257c63d8fa1d0437c8ab813ad8",
+                "de13bdbe143c401d3166ba14e97eaf0ad0cc79cd919074bf81b5b4197dfd5a6f",
             ],
             # No "Restart the master for its new configuration": the install starts it anew.
             "Master enabled and running": ["systemctl enable determined-master.service"],

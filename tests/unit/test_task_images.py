@@ -299,7 +299,12 @@ def wheel(path: Path, files: dict[str, str]) -> Path:
 def test_wheels_unpack_into_site_packages(tmp_path, layers_dir):
     w = wheel(
         tmp_path / "jp-1.0-py3-none-any.whl",
-        {"jp/__init__.py": "", "jp-1.0.data/scripts/jp.py": "cli", "jp-1.0.dist-info/METADATA": "m"},
+        {
+            "jp/__init__.py": "",
+            "jp-1.0.data/scripts/jp.py": "cli",
+            "jp-1.0.data/data/share/man/man1/jp.1": "man",  # fonttools' shape
+            "jp-1.0.dist-info/METADATA": "m",
+        },
     )
     layer = registry.write_layer("w", registry.fill_wheels([w]))
     with tarfile.open(layer.path) as tar:
@@ -307,6 +312,7 @@ def test_wheels_unpack_into_site_packages(tmp_path, layers_dir):
     site = registry.SITE_PACKAGES
     assert f"{site}/jp/__init__.py" in names and f"{site}/jp-1.0.dist-info/METADATA" in names
     assert not any("scripts" in n for n in names)
+    assert f"{registry.DATA_PREFIX}/share/man/man1/jp.1" in names
     assert "usr" in names and names.index("usr") < names.index(f"{site}/jp/__init__.py")
     again = registry.write_layer("w2", registry.fill_wheels([w]))
     assert again.digest == layer.digest
@@ -403,3 +409,49 @@ def test_daemon_json_memlock_follows_cluster_yaml():
 def test_memlock_key(value, ok):
     result, problems = check(images.memlock, value)
     assert (result == value and problems == []) if ok else (result is None and len(problems) == 1)
+
+
+def test_the_images_wheels_are_determineds_whole_requirement_closure():
+    """Every wheel pinned for the task images is `determined` 0.38.0 or something it Requires
+    (transitively, by the wheels' own METADATA as pip reads it, environment markers evaluated for
+    Linux CPython 3.11), and nothing it Requires is missing: the set is pip's resolution, not a
+    hand-picked subset. Read from the wheels themselves, fetched into the lab's cache."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from tests.lab.task_wheels import WHEELS_PINNED
+
+    assert set(WHEELS_PINNED) == set(registry.WHEELS_PINNED)
+    paths = registry.fetch_wheels()  # the lab's cache (pip download, sha256-checked) once
+    env = {**default_environment(), "python_version": "3.11", "sys_platform": "linux"}
+    requires: dict[str, list[Requirement]] = {}
+    versions: dict[str, str] = {}
+    for p in paths:
+        with zipfile.ZipFile(p) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            text = z.read(meta).decode()
+        fields = [line.split(": ", 1) for line in text.split("\n\n")[0].splitlines() if ": " in line]
+        name = canonicalize_name(next(v for k, v in fields if k == "Name"))
+        versions[name] = next(v for k, v in fields if k == "Version")
+        requires[name] = [Requirement(v) for k, v in fields if k == "Requires-Dist"]
+    seen, todo = set(), [(canonicalize_name("determined"), frozenset())]
+    while todo:
+        name, extras = todo.pop()
+        assert name in versions, f"{name} is required but not pinned"
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        for req in requires[name]:
+            wanted = [{**env, "extra": e} for e in extras] or [{**env, "extra": ""}]
+            if req.marker is None or any(req.marker.evaluate(w) for w in wanted):
+                dep = canonicalize_name(req.name)
+                assert dep in versions, f"{name} Requires {req}: not pinned"
+                assert req.specifier.contains(versions[dep], prereleases=True), (
+                    name,
+                    str(req),
+                    versions[dep],
+                )
+                todo.append((dep, frozenset(req.extras)))
+    assert {n for n, _ in seen} == set(versions), set(versions) - {n for n, _ in seen}
+    assert versions["determined"] == "0.38.0"

@@ -113,8 +113,9 @@ Lab differences:
   kills it) and POST /agents/logs ({"logs": [{"container_id", "stdtype", "message", "time"}]});
 - an agent that sets up with reconnect=false is a new process: the containers its previous
   process had taken on count as lost (the real agent kills what it cannot reattach);
-- there is no harness in the task images: the entrypoint runs as `sh -c <entrypoint>` (a list
-  entrypoint as its argv) in the working directory instead of through
+- the task images carry the harness (tests/lab/task_wheels.py), but the agent runs no
+  task-setup sequence: the entrypoint runs as `sh -c <entrypoint>` (a list entrypoint as its
+  argv) in the working directory instead of through ship-logs.sh, ship_logs.py,
   /run/determined/train/entrypoint.sh and determined.exec.launch, and the master writes
   /run/determined/info/{cluster,trial,rendezvous,resources}.json itself (the real harness's
   prep_container writes them from the environment and the rendezvous API); container_addrs are
