@@ -989,17 +989,45 @@ def test_agent_builds_the_docker_request_and_the_archive(tmp_path):
             "mode": 0o644,
         },
     ]
-    with tarfile.open(fileobj=io.BytesIO(agent.build_archive(files, "http://m:8080"))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(agent.build_archive(files, "http://m:8080", "gpu1"))) as tar:
         members = {m.name: m for m in tar.getmembers()}
         assert members["run/determined/ssh"].isdir() and members["run/determined/ssh/id_rsa"].mode == 0o600
         assert tar.extractfile("run/determined/ssh/id_rsa").read() == b"key"
         cluster = json.loads(tar.extractfile("run/determined/info/cluster.json").read())
-        assert cluster == {"master_url": "http://m:8080"}
+        assert cluster == {"master_url": "http://m:8080", "agent_id": "gpu1"}
     assert agent.image_ref("10.77.0.1:5000/a/b:t@sha256:ff") == ("10.77.0.1:5000/a/b:t", "sha256:ff")
     assert agent.image_ref("10.77.0.1:5000/a/b") == ("10.77.0.1:5000/a/b", "latest")
 
 
 @pytest.mark.pg
+def assert_info_files_load_in_the_harness(files: list[dict]) -> None:
+    """The master's info files, as the agent copies them in (build_archive fills in its own
+    DET_MASTER and DET_AGENT_ID), construct the real harness's ClusterInfo, TrialInfo,
+    RendezvousInfo and ResourcesInfo: a key the harness does not take, or one it requires and
+    the file lacks, is the TypeError det.get_cluster_info() raises in the trial."""
+    import io
+    import tarfile
+
+    from determined import _info
+
+    agent = load(AGENT)
+    with tarfile.open(fileobj=io.BytesIO(agent.build_archive(files, "http://m:8080", "gpu1"))) as tar:
+        infos = {
+            Path(m.name).name: json.loads(tar.extractfile(m).read())  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.name.startswith("run/determined/info/")
+        }
+    assert set(infos) == {"cluster.json", "trial.json", "rendezvous.json", "resources.json"}
+    cluster = _info.ClusterInfo(
+        trial_info=_info.TrialInfo(**infos["trial.json"]),
+        rendezvous_info=_info.RendezvousInfo(**infos["rendezvous.json"]),
+        resources_info=_info.ResourcesInfo(**infos["resources.json"]),
+        **infos["cluster.json"],
+    )
+    assert cluster.agent_id == "gpu1" and cluster.master_url == "http://m:8080"
+    assert cluster.trial.trial_id >= 1 and cluster.task_type == "TRIAL"
+
+
 def test_master_runs_an_experiment_through_the_agent_protocol(tmp_path, postgres):
     """A fake agent speaks the lab protocol: the master places the trial, hands over the
     container spec, takes its states and output, and ends the experiment."""
@@ -1058,6 +1086,7 @@ def test_master_runs_an_experiment_through_the_agent_protocol(tmp_path, postgres
         paths = {f["path"] for f in spec["files"]}
         assert {"/run/determined/workdir/train.py", "/run/determined/ssh/id_rsa"} <= paths
         assert "/run/determined/info/rendezvous.json" in paths
+        assert_info_files_load_in_the_harness(spec["files"])
         cid = spec["container_id"]
         trial_url = f"/api/v1/experiments/{exp_id}/trials"
         assert (

@@ -256,10 +256,14 @@ def test_agent_registers_over_tls_and_hands_the_name_to_containers(tmp_path, pki
 
     info = base64.b64encode(json.dumps({"master_url": None, "master_cert_name": None}).encode()).decode()
     files = [{"path": "/run/determined/info/cluster.json", "content": info, "mode": 0o644}]
-    archive = agent_module.build_archive(files, "https://10.0.0.1:8443", "lab-master")
+    archive = agent_module.build_archive(files, "https://10.0.0.1:8443", "gpu1", "lab-master")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         cluster = json.loads(tar.extractfile("run/determined/info/cluster.json").read())
-    assert cluster == {"master_url": "https://10.0.0.1:8443", "master_cert_name": "lab-master"}
+    assert cluster == {
+        "master_url": "https://10.0.0.1:8443",
+        "master_cert_name": "lab-master",
+        "agent_id": "gpu1",
+    }
 
 
 # --------------------------------------------------------------------------- the trial's prep step

@@ -1910,6 +1910,7 @@ class Trials(CoreApi):
             "cluster.json": {
                 "master_url": None,  # the agent's DET_MASTER (agent/internal/containers/spec.go)
                 "cluster_id": self.master.cluster_id,
+                "agent_id": None,  # the agent's DET_AGENT_ID
                 "slot_ids": [d["id"] for d in devices],
                 "task_id": trial["task_id"],
                 "allocation_id": trial["allocation_id"],
