@@ -901,7 +901,7 @@ CASES = [
             ],
             "Install determined-agent 0.38.0 (sha256-pinned)": [
                 "determined-agent_0.38.0_linux_amd64.deb",
-                "0069d3f89eff57ef6edb4450c5800f1837cbdf7ee64f28f71261a73b8f776eb0",
+                "5173e3f630560f4a5799704d84a3d7e570c0d7c1cb1060d30a484b2008e3c831",
             ],
             "Agent enabled and running": ["systemctl enable determined-agent.service"],
         },
@@ -928,7 +928,7 @@ CASES = [
             "Install determined-master 0.38.0 (sha256-pinned)": [
                 "shared/fetch-verified.sh",
                 "determined-master_0.38.0_linux_amd64.deb",
-                "de13bdbe143c401d3166ba14e97eaf0ad0cc79cd919074bf81b5b4197dfd5a6f",
+                "fbcd57b4667e22e59ad69830f817868aa083c646fad307acc7f8137f01572ddd",
             ],
             # No "Restart the master for its new configuration": the install starts it anew.
             "Master enabled and running": ["systemctl enable determined-master.service"],
