@@ -382,6 +382,19 @@ def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, 
         cwd=REPO,
     )
     assert made.returncode == 0, made.stderr
+    # The one change to the user's example: the real determinedai/environments images carry torch
+    # and TensorFlow, which core.init's default TensorboardMode.AUTO imports for its metric
+    # writer (determined/tensorboard/base.py get_metric_writer); the lab's images carry the
+    # harness without either (gigabytes), so the trial writes no TensorBoard events.
+    train = out_dir / "model" / "train.py"
+    script = train.read_text()
+    assert script.count("core.init(distributed=distributed)") == 1, script
+    train.write_text(
+        script.replace(
+            "core.init(distributed=distributed)",
+            "core.init(distributed=distributed, tensorboard_mode=core.TensorboardMode.MANUAL)",
+        )
+    )
     (tmp_path / "home").mkdir()
     det = Det(lab, tmp_path / "home")
     det("user", "login", "admin", stdin=lab.determined.admin_password.value + "\n")
