@@ -95,8 +95,6 @@ def test_verify_refuses_a_node_whose_host_key_does_not_match(lab, impostor_clust
     result = run_verify(
         "-n",
         "4",
-        "--dist",
-        "loadgroup",
         "-p",
         "tests.verify.matrix",
         f"--verify-matrix={matrix_md}",

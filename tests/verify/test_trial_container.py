@@ -282,11 +282,13 @@ def test_s3_round_trip_from_bridge_container(agent, host_of, cluster, master_con
     assert f"AWS_DEFAULT_REGION={cluster.storage.region}" in env, (
         f"task_container_defaults gives trials no AWS_DEFAULT_REGION={cluster.storage.region}"
     )
-    request = s3_request(agent, master_config)
+    # `request` stays pytest's: trial_probe reads master_config through it (a dict in its place
+    # made every probe None, and each check started its own container).
+    s3 = s3_request(agent, master_config)
     probe = trial_probe(h, agent, cluster, request, probes)
-    result = probe["s3"] if probe else s3_alone(h, image, request, master_config)
+    result = probe["s3"] if probe else s3_alone(h, image, s3, master_config)
     assert result.startswith("ok"), (
-        f"S3 round trip to {request['endpoint']} bucket {request['bucket']} from a bridge container: {result}"
+        f"S3 round trip to {s3['endpoint']} bucket {s3['bucket']} from a bridge container: {result}"
     )
 
 
