@@ -244,9 +244,21 @@ def safe_argument(value, rule: re.Pattern = _SAFE_TEXT) -> bool:
     return False
 
 
-def safe_arguments(name: str, args: list, kwargs: dict) -> bool:
+def _option_like(value) -> bool:
+    """Text the fact's command would take as an option: `FindFiles(path="-delete")` becomes
+    `find -delete -type f` (quoting does not help: the shell passes `-delete` on to find)."""
+    if isinstance(value, str):
+        return value.startswith("-")
+    if isinstance(value, (list, tuple)):
+        return any(_option_like(v) for v in value)
+    return False
+
+
+def safe_arguments(name: str, args: list, kwargs: dict, cls=None) -> bool:
     """Plain data of a safe character set (or text where pyinfra quotes it), no free
-    command-line text, no global arguments (`_sudo`, ...: never written by wanted_entry)."""
+    command-line text, no global arguments (`_sudo`, ...: never written by wanted_entry);
+    with the fact class: arguments its command() takes, none option-like (outside the text
+    pyinfra passes after `-e` or as a quoted pattern), every `path` absolute, paths quoted."""
     if not safe_argument(args) or kwargs.get("interpolate_variables"):
         return False
     for key, value in kwargs.items():
@@ -255,6 +267,19 @@ def safe_arguments(name: str, args: list, kwargs: dict) -> bool:
         if key in FREE_TEXT_ARGUMENTS and value is not None:
             return False
         if not safe_argument(value, TEXT_ARGUMENTS.get((name, key), _SAFE_TEXT)):
+            return False
+    if cls is None:
+        return True
+    try:
+        bound = inspect.signature(cls.command).bind(None, *args, **kwargs).arguments
+    except (AttributeError, TypeError, ValueError):  # not arguments this fact takes
+        return False
+    for key, value in list(bound.items())[1:]:  # past `self`
+        if (name, key) not in TEXT_ARGUMENTS and _option_like(value):
+            return False
+        if key == "path" and not (isinstance(value, str) and value.startswith("/")):
+            return False
+        if key == "quote_path" and value is not True:
             return False
     return True
 
@@ -318,7 +343,7 @@ def load_wanted(host) -> list[tuple]:
         if cls is None or not isinstance(args, list) or not isinstance(kwargs, dict):
             logger.debug("%s: %s names a fact it may not: %s", host.name, path, str(name)[:80])
             continue
-        if not safe_arguments(name, args, kwargs):
+        if not safe_arguments(name, args, kwargs, cls):
             logger.debug("%s: %s: unsafe arguments for %s", host.name, path, name)
             continue
         wanted.append((cls, tuple(args), kwargs))

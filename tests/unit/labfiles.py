@@ -1,10 +1,12 @@
 """The lab's cluster.yaml for unit tests, with the files it names under /var/lib/dtlab/ (the
-secrets, the registry's CA) made in the test's own directory: a unit test must pass on a
+secrets, the registry's CA, the SSH key) made in the test's own directory: a unit test must pass on a
 controller where no lab was ever brought up, and must not read or write a running lab's."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import yaml
 
 from tests.lab.spec import ensure_secrets
 
@@ -22,4 +24,11 @@ def lab_text(tmp_path: Path, text: str) -> str:
     ca = tmp_path / "dtlab" / "registry" / "ca.crt"
     ca.parent.mkdir(parents=True, exist_ok=True)
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    # ssh.key_file must exist, for its owner only (deploy/cluster/ssh.py); nothing logs in.
+    key_file = (yaml.safe_load(text).get("ssh") or {}).get("key_file")
+    if key_file and key_file.startswith(f"{tmp_path}/"):
+        key = Path(key_file)
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+        key.chmod(0o600)
     return text

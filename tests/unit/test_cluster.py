@@ -606,6 +606,39 @@ def test_secret_file_for_its_owner_only_is_accepted(tmp_path, corpus_env, mode):
     assert load_cluster(write(tmp_path, text)).database.password.value == "Mode-Secret-1"
 
 
+def key_file_problems(tmp_path, key: str, resolve_secrets: bool = True) -> list[str]:
+    text = MINIMAL + f"ssh: {{key_file: {key}}}\n"
+    try:
+        load_cluster(write(tmp_path, text), resolve_secrets=resolve_secrets)
+    except ClusterError as e:
+        return e.problems
+    return []
+
+
+def test_ssh_key_file_missing_or_open_to_others_is_refused(tmp_path, corpus_env):
+    f = f"{tmp_path}/cluster.yaml"
+    missing = tmp_path / "no-such-key"
+    assert key_file_problems(tmp_path, str(missing)) == [
+        f"{f}: ssh.key_file: {missing}: the file does not exist"
+    ]
+    assert key_file_problems(tmp_path, str(tmp_path)) == [
+        f"{f}: ssh.key_file: {tmp_path}: not a regular file"
+    ]
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    for mode in (0o644, 0o640, 0o604, 0o610):
+        key.chmod(mode)
+        assert key_file_problems(tmp_path, str(key)) == [
+            f"{f}: ssh.key_file: {key}: the key is readable or writable by group or others "
+            f"(mode {mode:04o}): chmod 600 {key}"
+        ]
+    for mode in (0o600, 0o400):
+        key.chmod(mode)
+        assert key_file_problems(tmp_path, str(key)) == []
+    # `experiment new` and the other readers that resolve no secret never open the file.
+    assert key_file_problems(tmp_path, str(missing), resolve_secrets=False) == []
+
+
 @pytest.mark.parametrize(
     "value, why",
     [

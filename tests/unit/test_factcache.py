@@ -340,6 +340,14 @@ def test_every_fact_the_lab_deploy_reads_is_allowed():
         ["pyinfra.facts.files:Block", [], {"path": "/x", "marker": 'x/ {system("id")} /'}],
         ["pyinfra.facts.files:File", [], {"path": "/x", "_sudo": True}],  # connector arguments
         ["pyinfra.facts.files:File", [], {"path": {"nested": "dict"}}],
+        # An option where the command takes a path: `find -delete -type f` (the review's L1).
+        ["pyinfra.facts.files:FindFiles", [], {"path": "-delete"}],
+        ["pyinfra.facts.files:FindFiles", ["-delete"], {}],
+        ["pyinfra.facts.files:File", [], {"path": "relative/x"}],
+        ["pyinfra.facts.files:FindFiles", [], {"path": "/etc", "quote_path": False}],
+        ["pyinfra.facts.files:FindFiles", [], {"path": "/etc", "fname": "-newer"}],
+        ["pyinfra.facts.deb:DebPackage", ["-x"], {}],
+        ["pyinfra.facts.files:File", [], {"path": "/x", "no_such_argument": 1}],
         "not an entry",
     ],
 )
@@ -354,6 +362,7 @@ def test_arguments_pyinfra_quotes_may_hold_any_printable_text(tmp_path, monkeypa
         ["pyinfra.facts.files:Block", [], {"path": "/etc/hosts", "marker": "# {mark} managed hosts"}],
         ["pyinfra.facts.server:Which", [], {"command": "hostnamectl"}],
         ["pyinfra.facts.files:FindFiles", [], {"path": "/etc/netplan", "quote_path": True}],
+        ["pyinfra.facts.files:FindInFile", [], {"path": "/etc/hosts", "pattern": "-x"}],  # after -e
     ]
     host = saved_host(tmp_path, monkeypatch, entries)
     assert [cls.__name__ for cls, _, _ in factcache.load_wanted(host)] == [
@@ -361,6 +370,7 @@ def test_arguments_pyinfra_quotes_may_hold_any_printable_text(tmp_path, monkeypa
         "Block",
         "Which",
         "FindFiles",
+        "FindInFile",
     ]
 
 

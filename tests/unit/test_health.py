@@ -225,6 +225,18 @@ def test_drain_never_for_a_check_that_could_not_run():
     assert "GPU 2: 3" in actions[0][3]
 
 
+@pytest.mark.parametrize("suffix", ["", "@lab-gpu1"])
+def test_drain_reads_the_node_from_the_test_id_without_the_matrix(suffix):
+    """Without the matrix plugin's verify.node property: the parametrisation id, also under
+    --dist loadgroup, whose test ids end with "@<group>" (a drained node came back otherwise)."""
+    report = _report("test_gpu_memory", "lab-gpu1")
+    report.user_properties = []
+    report.nodeid += suffix
+    health: dict[str, drain.Health] = {}
+    drain.classify(health, report)
+    assert {n: h.verdict for n, h in health.items()} == {"lab-gpu1": "healthy"}
+
+
 def _lab_with(tmp_path, old: str, new: str) -> Path:
     text = LAB.read_text()
     assert old in text

@@ -81,8 +81,10 @@ def _node_of(report) -> str | None:
     for name, value in report.user_properties:
         if name == "verify.node":
             return str(value)
-    if "[" in report.nodeid:  # without the matrix plugin: the parametrisation id
-        return report.nodeid.rsplit("[", 1)[1].rstrip("]")
+    # Without the matrix plugin: the parametrisation id, before --dist loadgroup's "@<group>".
+    nodeid = report.nodeid.split("@", 1)[0]
+    if "[" in nodeid:
+        return nodeid.rsplit("[", 1)[1].rstrip("]")
     return None
 
 
