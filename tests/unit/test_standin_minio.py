@@ -52,22 +52,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports: each socket stays bound until all are picked, so no two match."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 class MinioProcess:
-    """One `minio server` process with its own notify socket, like systemd's Type=notify."""
+    """One `minio server` process with its own notify socket, like systemd's Type=notify.
+
+    A port the kernel picked is free only until it is closed again: under xdist another
+    test's client can take it as its source port before the server binds it. The server
+    then refuses it as MinIO does ("Specified port is already in use"), and wait_ready
+    starts it again on new ports, which it can do only for the ports it picked itself.
+    """
 
     def __init__(self, data_dir: Path, tmp: Path, env: dict[str, str], port: int | None = None):
-        self.port = port or free_port()
-        self.console_port = free_port()
-        self.notify_path = tmp / f"notify-{self.port}.sock"
+        self.data_dir, self.tmp, self.fixed_port = data_dir, tmp, port
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIO_")}
+        full_env.update(env)
+        # Like MinIO, the stand-in makes ${HOME}/.minio/certs/CAs without --certs-dir: not here.
+        full_env["HOME"] = str(tmp)
+        self.env = full_env
+        self._spawn()
+
+    def _spawn(self) -> None:
+        picked = free_ports(2)
+        self.port = self.fixed_port or picked[0]
+        self.console_port = picked[1]
+        self.notify_path = self.tmp / f"notify-{self.port}-{self.console_port}.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(str(self.notify_path))
         self.notify.settimeout(10)
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINIO_")}
-        full_env.update(env)
-        full_env["NOTIFY_SOCKET"] = str(self.notify_path)
-        # Like MinIO, the stand-in makes ${HOME}/.minio/certs/CAs without --certs-dir: not here.
-        full_env["HOME"] = str(tmp)
-        self.log = tmp / f"minio-{self.port}.log"
+        self.log = self.tmp / f"minio-{self.port}.log"
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -77,20 +100,33 @@ class MinioProcess:
                 f"127.0.0.1:{self.port}",
                 "--console-address",
                 f"127.0.0.1:{self.console_port}",
-                str(data_dir),
+                str(self.data_dir),
             ],
-            env=full_env,
+            env={**self.env, "NOTIFY_SOCKET": str(self.notify_path)},
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self) -> None:
-        try:
-            message = self.notify.recv(1024).decode()
-        except TimeoutError:
-            self.proc.kill()
-            raise AssertionError(f"no READY=1 from minio:\n{self.log.read_text()}") from None
-        assert message == "READY=1"
+        for _attempt in range(3):
+            deadline = time.monotonic() + 10
+            self.notify.settimeout(0.2)
+            while time.monotonic() < deadline:
+                try:
+                    message = self.notify.recv(1024).decode()
+                except TimeoutError:
+                    if self.proc.poll() is not None:
+                        break  # it exited: read why below
+                    continue
+                assert message == "READY=1"
+                return
+            self.kill()
+            log = self.log.read_text()
+            clash = "Specified port is already in use" in log
+            if not clash or (self.fixed_port and f":{self.fixed_port})" in log):
+                raise AssertionError(f"no READY=1 from minio:\n{log}")
+            self._spawn()
+        raise AssertionError(f"no READY=1 from minio after three port clashes:\n{self.log.read_text()}")
 
     def stop(self) -> tuple[int, str]:
         """SIGTERM, as systemctl stop does; returns (exit code, what was notified)."""
@@ -178,6 +214,26 @@ def test_bad_credentials_or_region_are_fatal(tmp_path, env, expected):
     assert result.returncode == 1
     assert "FATAL" in result.stderr and expected in result.stderr
     assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(tmp_path, server_env, monkeypatch):
+    """The race CI lost once: another process held the port between pick and bind."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = free_ports
+    picks = iter([[taken.getsockname()[1], real(1)[0]]])
+    monkeypatch.setattr(sys.modules[__name__], "free_ports", lambda n: next(picks, None) or real(n))
+    srv = MinioProcess(tmp_path / "data", tmp_path, server_env)
+    try:
+        srv.wait_ready()
+        assert srv.port != taken.getsockname()[1]
+        first = (tmp_path / f"minio-{taken.getsockname()[1]}.log").read_text()
+        assert "Specified port is already in use" in first
+        assert srv.client().list_buckets() == []
+    finally:
+        srv.kill()
+        taken.close()
 
 
 def test_no_credentials_means_default_ones_with_a_warning(tmp_path):
