@@ -138,6 +138,42 @@ def _strip_line_ends(text: str) -> str:
     return text
 
 
+class FileProblem(ValueError):
+    """One line saying why a file on the machine that runs pyinfra cannot be used; no content."""
+
+
+def read_local_file(
+    path: Path, *, private: int = 0, max_bytes: int | None = None, repo_root: Path | None = None
+) -> bytes:
+    """The bytes of a file cluster.yaml names (a secret, a TLS key, the SSH key, a CA), read once
+    on the machine that runs pyinfra, so a bad file is one line before any host is touched.
+
+    `private` is the mode mask the file must not have: 0o066 for secrets (readable or writable by
+    group or others), 0o077 for an SSH key, as OpenSSH's sshkey_perm_ok refuses it. With
+    `repo_root`, a file inside the checkout is refused: it is one `git add` away from leaking;
+    resolve() follows symlinks, so a link outside pointing into the checkout still counts. With
+    `max_bytes`, at most one byte more is read: the caller says what a larger file cannot be.
+    """
+    if repo_root is not None and path.resolve().is_relative_to(repo_root.resolve()):
+        raise FileProblem(f"the file is inside the repository ({repo_root}): keep secrets outside git")
+    try:
+        if not path.exists():
+            raise FileProblem("the file does not exist")
+        if not path.is_file():
+            raise FileProblem("not a regular file")
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & private:
+            raise FileProblem(
+                f"the file is readable or writable by group or others (mode {mode:04o}): chmod 600 {path}"
+            )
+        with path.open("rb") as f:
+            return f.read() if max_bytes is None else f.read(max_bytes + 1)
+    except PermissionError:
+        raise FileProblem("the file cannot be read (permission denied)") from None
+    except OSError as e:
+        raise FileProblem(f"the file cannot be read ({e.strerror})") from None
+
+
 def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
     """Read the secret a reference points at. Raises SecretError (message without the value).
 
@@ -155,25 +191,10 @@ def resolve(ref: SecretRef, repo_root: Path = REPO_ROOT) -> str:
             raise SecretError(f"environment variable {ref.target} {problem}")
         return value
 
-    path = Path(ref.target)
-    # resolve() follows symlinks: a link outside pointing into the checkout still counts.
-    if path.resolve().is_relative_to(repo_root.resolve()):
-        raise SecretError(f"the file is inside the repository ({repo_root}): keep secrets outside git")
     try:
-        if not path.exists():
-            raise SecretError("the file does not exist")
-        if not path.is_file():
-            raise SecretError("not a regular file")
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o066:
-            raise SecretError(
-                f"the file is readable or writable by group or others (mode {mode:04o}): chmod 600 {path}"
-            )
-        data = path.read_bytes()
-    except PermissionError:
-        raise SecretError("the file cannot be read (permission denied)") from None
-    except OSError as e:
-        raise SecretError(f"the file cannot be read ({e.strerror})") from None
+        data = read_local_file(Path(ref.target), private=0o066, repo_root=repo_root)
+    except FileProblem as e:
+        raise SecretError(str(e)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

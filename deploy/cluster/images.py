@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.cluster.checks import check, control_character
 from deploy.cluster.reader import Reader
+from deploy.secrets import FileProblem, read_local_file
 
 if TYPE_CHECKING:  # model.py imports this module
     from deploy.cluster.model import Cluster
@@ -228,23 +229,11 @@ def registry_ca_file(r: Reader, path: str, v: Any) -> str | None:
     if not r.resolve_secrets:
         return v
     try:
-        with open(v, "rb") as f:
-            data = f.read(CA_MAX_BYTES + 1)
-    except FileNotFoundError:
-        r.bad(path, v, "the file does not exist")
+        data = read_local_file(Path(v), max_bytes=CA_MAX_BYTES)
+    except FileProblem as e:
+        r.bad(path, v, str(e))
         return None
-    except IsADirectoryError:
-        r.bad(path, v, "not a regular file")
-        return None
-    except PermissionError:
-        r.bad(path, v, "the file cannot be read (permission denied)")
-        return None
-    except OSError as e:
-        r.bad(path, v, f"the file cannot be read ({e.strerror})")
-        return None
-    if not Path(v).is_file():
-        r.bad(path, v, "not a regular file")
-    elif len(data) > CA_MAX_BYTES:
+    if len(data) > CA_MAX_BYTES:
         r.bad(path, v, "larger than 1 MiB: not a CA certificate")
     elif b"-----BEGIN CERTIFICATE-----" not in data:
         r.bad(path, v, "not a PEM certificate (no '-----BEGIN CERTIFICATE-----' line)")

@@ -33,7 +33,6 @@ import datetime as dt
 import ipaddress
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -49,7 +48,7 @@ from deploy.cluster.checks import check
 from deploy.cluster.keys import Key, Section
 from deploy.cluster.reader import Map, Reader
 from deploy.cluster.tls_pair import halves_given
-from deploy.secrets import REPO_ROOT, Secret, SecretRef, describe
+from deploy.secrets import REPO_ROOT, FileProblem, Secret, SecretRef, describe, read_local_file
 
 # A certificate chain is a few KiB; a bundle of every public CA is ~200 KiB.
 PEM_MAX_BYTES = 1 << 20
@@ -161,32 +160,15 @@ def _reference(r: Reader, path: str, v: Any) -> str | None:
 
 def _read(r: Reader, path: str, target: str, secret: bool) -> bytes | None:
     shown = str(SecretRef("file", target))
-    p = Path(target)
     try:
-        if secret and p.resolve().is_relative_to(REPO_ROOT.resolve()):
-            r.add(path, shown, f"the file is inside the repository ({REPO_ROOT}): keep keys outside git")
-            return None
-        if not p.exists():
-            r.add(path, shown, "the file does not exist")
-            return None
-        if not p.is_file():
-            r.add(path, shown, "not a regular file")
-            return None
-        mode = stat.S_IMODE(p.stat().st_mode)
-        if secret and mode & 0o066:
-            r.add(
-                path,
-                shown,
-                f"the key is readable or writable by group or others (mode {mode:04o}): chmod 600 {p}",
-            )
-            return None
-        with p.open("rb") as f:
-            data = f.read(PEM_MAX_BYTES + 1)
-    except PermissionError:
-        r.add(path, shown, "the file cannot be read (permission denied)")
-        return None
-    except OSError as e:
-        r.add(path, shown, f"the file cannot be read ({e.strerror})")
+        data = read_local_file(
+            Path(target),
+            private=0o066 if secret else 0,
+            max_bytes=PEM_MAX_BYTES,
+            repo_root=REPO_ROOT if secret else None,
+        )
+    except FileProblem as e:
+        r.add(path, shown, str(e))
         return None
     if len(data) > PEM_MAX_BYTES:
         r.add(path, shown, "larger than 1 MiB: not a PEM certificate or key")

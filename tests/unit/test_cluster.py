@@ -629,7 +629,7 @@ def test_ssh_key_file_missing_or_open_to_others_is_refused(tmp_path, corpus_env)
     for mode in (0o644, 0o640, 0o604, 0o610):
         key.chmod(mode)
         assert key_file_problems(tmp_path, str(key)) == [
-            f"{f}: ssh.key_file: {key}: the key is readable or writable by group or others "
+            f"{f}: ssh.key_file: {key}: the file is readable or writable by group or others "
             f"(mode {mode:04o}): chmod 600 {key}"
         ]
     for mode in (0o600, 0o400):
@@ -637,6 +637,12 @@ def test_ssh_key_file_missing_or_open_to_others_is_refused(tmp_path, corpus_env)
         assert key_file_problems(tmp_path, str(key)) == []
     # `experiment new` and the other readers that resolve no secret never open the file.
     assert key_file_problems(tmp_path, str(missing), resolve_secrets=False) == []
+    # A key in the checkout is one `git add` away from leaking, as a TLS key or secret is.
+    inside = REPO_ROOT / "pyproject.toml"
+    assert key_file_problems(tmp_path, str(inside)) == [
+        f"{f}: ssh.key_file: {inside}: the file is inside the repository ({REPO_ROOT}): "
+        "keep secrets outside git"
+    ]
 
 
 @pytest.mark.parametrize(
