@@ -45,6 +45,12 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         )
     new = sub.choices["new"]
     new.add_argument("--slots", type=_positive, default=1, metavar="N", help="slots_per_trial (default 1)")
+    new.add_argument(
+        "--example",
+        choices=template.EXAMPLES,
+        default=template.EXAMPLES[0],
+        help="the model: a Core API linear fit (default), or a classifier that audits its fairness",
+    )
     new.add_argument("--out", metavar="DIR", help="write DIR/experiment.yaml and DIR/model/ (default: print)")
     check = sub.choices["lint"]
     check.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
@@ -57,16 +63,16 @@ def new(args: argparse.Namespace, target: Target) -> int:
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     if args.out is None:
-        print(template.experiment_yaml(target, args.slots), end="")
+        print(template.experiment_yaml(target, args.slots, args.example), end="")
         print(f"# --- {template.MODEL_DIR}/train.py (written with --out DIR) ---")
-        print("\n".join(f"# {line}".rstrip() for line in template.TRAIN_PY.splitlines()))
+        print("\n".join(f"# {line}".rstrip() for line in template.train_py(args.example).splitlines()))
         return 0
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         print(f"{out}: not a directory", file=sys.stderr)
         return 2
     try:
-        written = template.write(target, args.slots, out)
+        written = template.write(target, args.slots, out, args.example)
     except OSError as e:
         print(f"{out}: cannot write ({e.strerror})", file=sys.stderr)
         return 2

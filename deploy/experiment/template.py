@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from deploy.experiment import fairness
 from deploy.experiment.target import Target
 
 MODEL_DIR = "model"
 GLOBAL_BATCH_SIZE_PER_SLOT = 8
+# `--example NAME`: the Core API example (a linear fit) or the fairness audit (fairness.py).
+EXAMPLES = ("core-api", fairness.NAME)
 
 
 def slots_warning(target: Target, slots: int) -> str | None:
@@ -63,7 +66,25 @@ def _fabric_env(target: Target, slots: int) -> str:
     )
 
 
-def experiment_yaml(target: Target, slots: int) -> str:
+def _hyperparameters(example: str, slots: int) -> str:
+    if example == fairness.NAME:
+        return fairness.hyperparameters(slots, GLOBAL_BATCH_SIZE_PER_SLOT)
+    return f"""\
+hyperparameters:
+  # Global: the batch of ALL ranks together; each of the {slots} slot(s) trains on
+  # global_batch_size / slots_per_trial records (keep it divisible).
+  global_batch_size: {GLOBAL_BATCH_SIZE_PER_SLOT * slots}
+  learning_rate: 0.05
+  steps: 50
+"""
+
+
+def train_py(example: str) -> str:
+    """model/train.py of the example."""
+    return fairness.TRAIN_PY if example == fairness.NAME else TRAIN_PY
+
+
+def experiment_yaml(target: Target, slots: int, example: str = "core-api") -> str:
     distributed = slots > 1
     entrypoint = (
         "python3 -m determined.launch.torch_distributed python3 train.py"
@@ -76,7 +97,7 @@ def experiment_yaml(target: Target, slots: int) -> str:
 # Experiment for the cluster of {target.path}, from `python -m deploy experiment new`.
 # `det experiment create experiment.yaml {MODEL_DIR}/`; check edits with
 # `python -m deploy experiment lint --cluster {target.path} experiment.yaml {MODEL_DIR}/`.
-name: example-core-api
+name: example-{example}
 entrypoint: {_q(entrypoint)}
 
 searcher:
@@ -84,13 +105,7 @@ searcher:
   metric: loss
   smaller_is_better: true
 
-hyperparameters:
-  # Global: the batch of ALL ranks together; each of the {slots} slot(s) trains on
-  # global_batch_size / slots_per_trial records (keep it divisible).
-  global_batch_size: {GLOBAL_BATCH_SIZE_PER_SLOT * slots}
-  learning_rate: 0.05
-  steps: 50
-
+{_hyperparameters(example, slots)}
 resources:
   # At most {target.max_single_slots} keeps a trial on one agent{domain}.
   slots_per_trial: {slots}
@@ -198,12 +213,12 @@ if __name__ == "__main__":
 '''
 
 
-def write(target: Target, slots: int, out: Path) -> list[Path]:
+def write(target: Target, slots: int, out: Path, example: str = "core-api") -> list[Path]:
     """experiment.yaml and model/train.py under `out`; returns the files written."""
     model = out / MODEL_DIR
     model.mkdir(parents=True, exist_ok=True)
     experiment = out / "experiment.yaml"
-    experiment.write_text(experiment_yaml(target, slots))
+    experiment.write_text(experiment_yaml(target, slots, example))
     train = model / "train.py"
-    train.write_text(TRAIN_PY)
+    train.write_text(train_py(example))
     return [experiment, train]

@@ -15,6 +15,9 @@
   lab's master: login, version, master info and config, users, agents and slots, a drain and
   an enable, an experiment created from a model directory through its life (list, describe,
   trial describe and logs, job list, pause, activate, kill, archive);
+- `experiment new`'s examples through the real harness in the lab's task images: the Core API
+  fit to completion (checkpoint listed and downloaded), and the fairness audit, whose trial
+  reports its gaps and pauses its own experiment;
 - no trial container is left on any agent.
 """
 
@@ -356,25 +359,11 @@ def test_the_real_det_cli_against_the_lab_master(api, lab, tmp_path):
     assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))
 
 
-def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, tmp_path):
-    """What a new user does: `python -m deploy experiment new` for the lab, then the pinned `det
-    experiment create` of its experiment.yaml and model/. The trial is the example's Core API
-    script on the task image's own `determined` (the harness of the master's version): core.init
-    against the master, metrics, checkpoints through the harness's S3 storage manager into the
-    lab's MinIO; the CLI then lists and downloads the last checkpoint."""
-    out_dir = tmp_path / "example"
+def experiment_new(out_dir: Path, *args: str) -> Path:
+    """`python -m deploy experiment new` for the lab's cluster.yaml, as a user runs it."""
+    argv = ["experiment", "new", "--cluster", str(LAB_CLUSTER), "--out", str(out_dir), *args]
     made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deploy",
-            "experiment",
-            "new",
-            "--cluster",
-            str(LAB_CLUSTER),
-            "--out",
-            str(out_dir),
-        ],
+        [sys.executable, "-m", "deploy", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -382,6 +371,16 @@ def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, 
         cwd=REPO,
     )
     assert made.returncode == 0, made.stderr
+    return out_dir
+
+
+def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, tmp_path):
+    """What a new user does: `python -m deploy experiment new` for the lab, then the pinned `det
+    experiment create` of its experiment.yaml and model/. The trial is the example's Core API
+    script on the task image's own `determined` (the harness of the master's version): core.init
+    against the master, metrics, checkpoints through the harness's S3 storage manager into the
+    lab's MinIO; the CLI then lists and downloads the last checkpoint."""
+    out_dir = experiment_new(tmp_path / "example")
     # The one change to the user's example: the real determinedai/environments images carry torch
     # and TensorFlow, which core.init's default TensorboardMode.AUTO imports for its metric
     # writer (determined/tensorboard/base.py get_metric_writer); the lab's images carry the
@@ -419,4 +418,41 @@ def test_experiment_new_example_runs_through_the_real_harness_and_cli(api, lab, 
     state = json.loads((target / "state.json").read_text())
     assert state["steps_completed"] == 50 and abs(state["w"] - 3) < 1, state
     print(f"experiment new's example: {exp_id}, checkpoints {uuids}, state {state}")
+    assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))
+
+
+def test_the_fairness_example_reports_its_gaps_and_pauses_itself(api, lab, tmp_path):
+    """`experiment new --example fairness` with stop_on_gap, through the pinned CLI: the real
+    harness in the lab's task image reports the two gaps with the validation, the trial pauses
+    its own experiment with its task session, and the master's metrics read back over the
+    threshold. (Resuming from the pause is proven against the master stand-in in
+    tests/unit/test_standin_core_api.py; here it would cost a second trial start.)"""
+    out_dir = experiment_new(tmp_path / "fairness", "--example", "fairness")
+    config = out_dir / "experiment.yaml"
+    text = config.read_text()
+    assert text.count("stop_on_gap: false") == 1 and text.count("steps: 200") == 1, text
+    config.write_text(
+        text.replace("stop_on_gap: false", "stop_on_gap: true").replace("steps: 200", "steps: 100")
+    )
+    (tmp_path / "home").mkdir()
+    det = Det(lab, tmp_path / "home")
+    det("user", "login", "admin", stdin=lab.determined.admin_password.value + "\n")
+    out = det("experiment", "create", str(config), str(out_dir / "model"))
+    exp_id = int(out.rsplit("Created experiment ", 1)[1].split()[0])
+    try:
+        trial = api.wait(exp_id, states=("STATE_PAUSED", *TERMINAL), timeout=300)
+        logs = "".join(entry.get("log") or entry.get("message") or "" for entry in api.logs(trial["id"]))
+        assert trial["state"] == "STATE_PAUSED", logs[-4000:]
+        assert f"fairness audit: pausing experiment {exp_id}" in logs, logs[-4000:]
+        assert api.experiment(exp_id)["state"] == "STATE_PAUSED"
+        audit = trial["latestValidation"]["metrics"]["avgMetrics"]
+        assert trial["latestValidation"]["totalBatches"] == 50, trial["latestValidation"]
+        assert audit["fairness/over_threshold"] == 1.0, audit
+        gaps = audit["fairness/equal_opportunity_gap"], audit["fairness/demographic_parity_gap"]
+        assert max(gaps) > 0.1 and audit["accuracy"] > 0.8, audit
+        assert re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", det("experiment", "list-checkpoints", str(exp_id)))
+        print(f"fairness example: experiment {exp_id} paused at step 50 with {audit}")
+    finally:
+        det("experiment", "kill", str(exp_id))
+    assert api.wait(exp_id, timeout=60)["state"] == "STATE_CANCELED"
     assert f"Archived experiment {exp_id}" in det("experiment", "archive", str(exp_id))

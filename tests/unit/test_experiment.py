@@ -101,6 +101,71 @@ def test_generated_model_compiles_and_matches_core_api(tmp_path):
     assert {"latest_checkpoint", "trial"} <= set(dir(det.ClusterInfo))
 
 
+@pytest.mark.parametrize("slots", [1, 4])
+def test_the_fairness_example_lints_clean_and_names_its_knobs(lab, tmp_path, capsys, slots):
+    out = tmp_path / "fair"
+    argv = ["new", "--cluster", lab, "--example", "fairness", "--slots", str(slots), "--out", str(out)]
+    assert run(capsys, *argv)[0] == 0
+    code, printed, _ = run(
+        capsys, "lint", "--strict", "--cluster", lab, str(out / "experiment.yaml"), str(out / "model")
+    )
+    assert (code, printed.strip()) == (0, f"{out / 'experiment.yaml'}: ok")
+    config = yaml.safe_load((out / "experiment.yaml").read_text())
+    assert config["name"] == "example-fairness"
+    assert config["searcher"]["metric"] == "loss"
+    assert config["hyperparameters"]["global_batch_size"] % slots == 0
+    assert {"gap_threshold", "stop_on_gap", "group_bias"} <= set(config["hyperparameters"])
+    py_compile.compile(str(out / "model" / "train.py"), doraise=True)
+
+
+def _fairness_functions() -> dict:
+    """make_data, gradient and audit of the example's train.py, without the harness's main."""
+    namespace: dict = {}
+    source = template.train_py("fairness").split('if __name__ == "__main__":')[0]
+    exec(compile(source, "fairness-train.py", "exec"), namespace)
+    return namespace
+
+
+def test_the_fairness_audit_measures_both_gaps():
+    import numpy as np
+
+    audit = _fairness_functions()["audit"]
+    # Four positives in each group; the model finds 4 of group 0's and 1 of group 1's, and
+    # predicts positive for 4 of 4 in group 0, 1 of 4 in group 1 (no negatives predicted positive).
+    x = np.eye(4)[[0] * 4 + [1] * 4]
+    y = np.ones(8, dtype=np.int64)
+    group = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    w = np.array([10.0, -10.0, 0.0, 0.0])
+    metrics = audit(w, 0.0, x, y, group)
+    assert metrics["fairness/tpr_group0"] == 1.0 and metrics["fairness/tpr_group1"] == 0.0
+    x[4] = np.eye(4)[0]  # one of group 1's positives found
+    metrics = audit(w, 0.0, x, y, group)
+    assert metrics["fairness/equal_opportunity_gap"] == pytest.approx(0.75)
+    assert metrics["fairness/demographic_parity_gap"] == pytest.approx(0.75)
+    assert metrics["accuracy"] == pytest.approx(5 / 8)
+
+
+@pytest.mark.parametrize(("group_bias", "flagged"), [(0.0, False), (1.0, True)])
+def test_the_fairness_examples_data_opens_a_gap_only_with_its_bias(group_bias, flagged):
+    """The example's default (group_bias 1.0) is flagged at its default threshold 0.1; unbiased
+    data is not: the audit measures the data, not a constant."""
+    import numpy as np
+
+    f = _fairness_functions()
+    hparams = yaml.safe_load(template.fairness.hyperparameters(1, 16))["hyperparameters"]
+    assert hparams["group_bias"] == 1.0
+    w, b = np.zeros(f["FEATURES"]), 0.0
+    x_val, y_val, g_val = f["make_data"](4000, group_bias, 7)
+    for step in range(1, hparams["steps"] + 1):
+        x, y, _ = f["make_data"](16, group_bias, 100_000 * step)
+        gw, gb = f["gradient"](w, b, x, y)
+        w, b = w - hparams["learning_rate"] * gw / 16, b - hparams["learning_rate"] * gb / 16
+    metrics = f["audit"](w, b, x_val, y_val, g_val)
+    gaps = [metrics["fairness/equal_opportunity_gap"], metrics["fairness/demographic_parity_gap"]]
+    assert (max(gaps) > hparams["gap_threshold"]) is flagged, metrics
+    assert metrics["accuracy"] > 0.8, metrics
+
+
 def test_new_refuses_a_bad_cluster_in_one_line(tmp_path, capsys):
     bad = tmp_path / "cluster.yaml"
     bad.write_text("nodes: [\n")

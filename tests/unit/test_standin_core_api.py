@@ -169,11 +169,13 @@ def lab(tmp_path_factory, postgres):  # noqa: F811 - the fixture
         lab.close()
 
 
-def start(lab: Lab, config: str, containers: int = 1) -> tuple[int, list[Container]]:
+def start(
+    lab: Lab, config: str, containers: int = 1, model: Path | None = None
+) -> tuple[int, list[Container]]:
     """`det experiment create`, then the trial's containers started where the master put them."""
     path = lab.tmp / "core-experiment.yaml"
     path.write_text(config)
-    out = lab.det("experiment", "create", str(path), str(lab.model))
+    out = lab.det("experiment", "create", str(path), str(model or lab.model))
     exp_id = int(out.rsplit("Created experiment ", 1)[1].split()[0])
     return exp_id, take(lab, containers)
 
@@ -309,3 +311,62 @@ def test_a_two_container_trial_rendezvous_and_all_gathers(lab):
     assert rendezvous["container_rank"] == 1 and rendezvous["container_slot_counts"] == [1, 1]
     exp = lab.api(f"/api/v1/experiments/{exp_id}")["experiment"]
     assert exp["state"] == "STATE_COMPLETED"
+
+
+@pytest.mark.pg
+def test_the_fairness_example_flags_its_gap_pauses_itself_once_and_resumes(lab):
+    """`experiment new --example fairness` with stop_on_gap: the real harness reports the gaps
+    with the validation, the trial pauses its own experiment with its task session
+    (PauseExperiment), the master preempts it, it exits; activated, it restores the checkpoint,
+    goes on flagging without pausing again, and completes."""
+    import yaml
+    from determined.common.api import bindings
+
+    from deploy.experiment import fairness
+
+    model = lab.tmp / "fairness-model"
+    model.mkdir(exist_ok=True)
+    (model / "train.py").write_text(fairness.TRAIN_PY)
+    hparams = yaml.safe_load(fairness.hyperparameters(1, 16))["hyperparameters"]
+    hparams.update(steps=100, stop_on_gap=True)
+    config = f"""\
+name: fairness
+entrypoint: python3 train.py
+searcher: {{name: single, metric: loss, smaller_is_better: true}}
+hyperparameters: {json.dumps(hparams)}
+resources: {{slots_per_trial: 1}}
+environment: {{environment_variables: [AWS_DEFAULT_REGION={REGION}]}}
+max_restarts: 0
+"""
+    exp_id, (box,) = start(lab, config, model=model)
+    try:
+        assert box.wait() == 0, box.text
+        assert f"fairness audit: pausing experiment {exp_id}" in box.text, box.text
+        assert "fairness/equal_opportunity_gap" in box.text and "is over gap_threshold" in box.text
+        sess = session(lab)
+        exp = bindings.get_GetExperiment(sess, experimentId=exp_id).experiment
+        assert exp.state == bindings.experimentv1State.PAUSED, exp.state
+        trial_id = exp.trialIds[0]
+        first = [
+            m
+            for r in bindings.get_GetMetrics(sess, trialIds=[trial_id], group="validation")
+            for m in r.metrics
+        ]
+        assert [m.totalBatches for m in first] == [50]
+        audit = first[0].metrics["avg_metrics"]
+        assert audit["fairness/over_threshold"] == 1.0
+        assert max(audit["fairness/equal_opportunity_gap"], audit["fairness/demographic_parity_gap"]) > 0.1
+        (ckpt,) = bindings.get_GetExperimentCheckpoints(sess, id=exp_id).checkpoints
+        assert ckpt.metadata["steps_completed"] == 50
+
+        lab.det("experiment", "activate", str(exp_id))
+        (again,) = take(lab)
+        assert again.wait() == 0, again.text
+        assert f"restored checkpoint {ckpt.uuid} at step 50" in again.text, again.text
+        assert "pausing experiment" not in again.text and "is over gap_threshold" in again.text
+        trial = bindings.get_GetTrial(sess, trialId=trial_id).trial
+        assert trial.state == bindings.trialv1State.COMPLETED, trial.state
+        assert trial.latestValidation is not None
+        assert trial.latestValidation.metrics.avgMetrics["fairness/over_threshold"] == 1.0
+    finally:
+        box.kill()
