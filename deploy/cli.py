@@ -13,8 +13,10 @@ hands the work to the module that has always done it, with that module's own arg
     experiment new|lint --cluster FILE ...
                                           deploy.experiment.__main__.main(the same arguments)
     short-yaml --cluster FILE             deploy.short_yaml.main([FILE])
+    restore-drill --cluster FILE [--backup-first] [pyinfra options]
+                                          deploy.restore_drill.main(INVENTORY, FILE, ...)
 
-rebuild and shards run pyinfra, which takes an inventory module rather than a cluster file: it
+rebuild, shards and restore-drill run pyinfra, which takes an inventory module rather than a cluster file: it
 is inventories/<env>.py for inventories/<env>/cluster.yaml when that module exists, else one
 generated for FILE (deploy/inventory.py inventory_for). The deploy itself stays pyinfra's own
 command: `pyinfra -y inventories/<env>.py deploy.py`.
@@ -101,11 +103,18 @@ def shards(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     )
 
 
+def restore_drill(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
+    return _module("deploy.restore_drill").main(
+        _inventory(args.cluster), args.cluster, args.backup_first, extra
+    )
+
+
 OWN: dict[str, Callable[[argparse.Namespace, list[str], list[str]], int]] = {
     "check": check,
     "short-yaml": short_yaml,
     "rebuild": rebuild,
     "shards": shards,
+    "restore-drill": restore_drill,
 }
 TAKES_NO_MORE = ("check", "short-yaml")  # the others pass what they do not know to pyinfra
 
@@ -131,6 +140,7 @@ HELP = {
     "shards": "the deploy as parallel pyinfra processes, for many nodes",
     "experiment": "new | lint: write or check an experiment configuration",
     "short-yaml": "print the short cluster.yaml (master, agents, storage)",
+    "restore-drill": "restore the newest database backup apart, and check it",
 }
 
 
@@ -140,7 +150,8 @@ def _cluster_option(p: argparse.ArgumentParser) -> None:
 
 def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The front door's parser, and each verb's own (for the verbs parsed here)."""
-    listing = "\n".join(f"  {name:<12}{text}" for name, text in HELP.items())
+    width = max(map(len, HELP)) + 2
+    listing = "\n".join(f"  {name:<{width}}{text}" for name, text in HELP.items())
     top = argparse.ArgumentParser(
         prog=PROG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -170,6 +181,12 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     verbs["rebuild"].epilog = "Other options (after NODE) go to pyinfra; docs/operations.md."
     verbs["shards"].add_argument("--shards", type=int, metavar="N", help="agent processes (os.cpu_count())")
     verbs["shards"].epilog = "Other options go to pyinfra (pyinfra --help); deploy.py is implied."
+    verbs["restore-drill"].add_argument(
+        "--backup-first",
+        action="store_true",
+        help="take a backup just before (pg-backup backup --reason drill)",
+    )
+    verbs["restore-drill"].epilog = "Other options go to pyinfra; docs/operations.md."
     return top, verbs
 
 

@@ -162,10 +162,14 @@ def cluster_of(inventory: Path) -> Cluster:
     raise SystemExit(f"{inventory}: not an inventory built by deploy.inventory.groups()")
 
 
-def pyinfra_argv(inventory: Path, hostname: str, extra: list[str]) -> list[str]:
+def pyinfra_executable() -> str:
+    """The pyinfra beside this interpreter (the venv's), else the one on PATH."""
     beside = Path(sys.executable).parent / "pyinfra"
-    exe = str(beside) if beside.exists() else (shutil.which("pyinfra") or "pyinfra")
-    return [exe, "-y", str(inventory), "deploy.py", "--limit", hostname, *extra]
+    return str(beside) if beside.exists() else (shutil.which("pyinfra") or "pyinfra")
+
+
+def pyinfra_argv(inventory: Path, hostname: str, extra: list[str]) -> list[str]:
+    return [pyinfra_executable(), "-y", str(inventory), "deploy.py", "--limit", hostname, *extra]
 
 
 def take_out_of_service(master: Master, node: Node) -> list[str]:

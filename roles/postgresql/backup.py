@@ -7,7 +7,9 @@ configure: /etc/pg-backup/pg-backup.conf (endpoint, bucket, prefix, database, ho
            of pg-backup's own MinIO user, storage.backup_user), both read by the program, so
            the keys are never in argv or in pyinfra's output
 activate:  pg-backup.timer enabled and running: a `pg_dump -Fc` every night into
-           s3://<bucket>/backups/postgresql/, the newest database.backup_keep kept
+           s3://<bucket>/backups/postgresql/ with its manifest (row counts at dump time), the
+           newest database.backup_keep kept; pg-backup-drill.timer: every week the newest
+           backup restored into a scratch database and checked against its manifest
 
 The backups go into the checkpoint bucket under their own prefix, signed by their own MinIO
 user (deploy/minio_admin.py, made by roles/minio/iam.py): it may put, get, delete and list under
@@ -38,7 +40,7 @@ PROGRAM = "/usr/local/sbin/pg-backup"
 CONF_DIR = "/etc/pg-backup"
 CONF = f"{CONF_DIR}/pg-backup.conf"
 S3_ENV = f"{CONF_DIR}/s3.env"  # files/postgresql/pg-backup reads the same path
-UNITS = ("pg-backup.service", "pg-backup.timer")
+UNITS = ("pg-backup.service", "pg-backup.timer", "pg-backup-drill.service", "pg-backup-drill.timer")
 PREFIX = minio_admin.BACKUP_PREFIX
 
 
@@ -126,6 +128,12 @@ def apply(cluster: Cluster, node: Node) -> None:
     systemd.service(
         name="Nightly backup timer enabled and running",
         service="pg-backup.timer",
+        running=True,
+        enabled=True,
+    )
+    systemd.service(
+        name="Weekly restore drill timer enabled and running",
+        service="pg-backup-drill.timer",
         running=True,
         enabled=True,
     )

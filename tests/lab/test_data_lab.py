@@ -4,14 +4,22 @@
   moves that mount aside inside the node and puts it back): MinIO's unit refuses to start
   (AssertPathIsMountPoint=), and a deploy refuses the storage node alone with preflight's
   message naming the node, the path and both ways out.
-- The restore rehearsal: a marker table, a backup by the nightly service, the table dropped,
-  `pg-backup restore latest`: the table is back and the master answers /health.
+- The restore rehearsal: a marker table, a backup by the nightly service, a restore drill
+  through the front door (`python -m deploy restore-drill`: the dump restored into a scratch
+  database and checked against its manifest, the scratch database dropped) and verify's drill
+  row green, then the table dropped, `pg-backup restore latest`: the table is back and the
+  master answers /health.
 """
 
 import json
+import subprocess
+import sys
 import time
 
 from roles.postgresql.backup import PREFIX
+
+from .conftest import LAB_CLUSTER, run_verify
+from .paths import REPO
 
 ASIDE = "/run/dtlab-data-aside"
 MARKER = "dtlab_restore_marker"
@@ -73,6 +81,20 @@ def test_restore_rehearsal(deployed, lab_ssh, lab):
         listed = lab_ssh(node, "pg-backup list").stdout.split()
         assert listed and all(k.startswith(PREFIX) for k in listed), listed
         assert len(listed) <= lab.database.backup_keep
+
+        drill = subprocess.run(
+            [sys.executable, "-m", "deploy", "restore-drill", "--cluster", str(LAB_CLUSTER)],
+            cwd=REPO, capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        said = drill.stdout + drill.stderr
+        assert drill.returncode == 0 and f"drill ok: {listed[-1]}" in said, said[-3000:]
+        record = json.loads(lab_ssh(node, "cat /var/lib/pg-backup/last-drill.json").stdout)
+        assert record["ok"] is True and record["key"] == listed[-1] and record["tables"] >= 1, record
+        gone = _psql(lab_ssh, node, "SELECT count(*) FROM pg_database WHERE datname = 'pgb_drill'")
+        assert gone.stdout.strip() == "0"
+        row = run_verify("-k", "test_restore_drill_recent", "-rA")
+        assert row.returncode == 0 and "PASSED" in row.stdout, row.stdout[-3000:]
+        print(f"restore drill: {record}")
 
         _psql(lab_ssh, node, f"DROP TABLE {MARKER}")
         assert _psql(lab_ssh, node, f"SELECT note FROM {MARKER}", check=False).returncode != 0

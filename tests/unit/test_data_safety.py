@@ -25,6 +25,7 @@ from roles.node import preflight
 from roles.postgresql import backup as pg_backup
 from roles.shared.ops import env_file
 from tests.unit.labfiles import lab_text
+from tests.unit.test_standin_determined import postgres  # noqa: F401 - the fixture
 from tests.unit.test_standin_minio import PASSWORD, REGION, USER, MinioProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +221,96 @@ def test_backup_only_before_another_version(monkeypatch, lab_cluster, installed,
     if backed_up:
         assert calls[0]["commands"] == ["/usr/local/sbin/pg-backup backup --reason before-0.38.0"]
         assert "0.37.0 -> 0.38.0" in calls[0]["name"]
+
+
+@pytest.fixture
+def drill_lab(tmp_path, monkeypatch, postgres):  # noqa: F811 - the fixture imported above
+    """pg-backup's settings for the unit's PostgreSQL database and a MinIO stand-in bucket."""
+    server = MinioProcess(tmp_path / "data", tmp_path, {
+        "MINIO_ROOT_USER": USER, "MINIO_ROOT_PASSWORD": PASSWORD, "MINIO_SITE_REGION": REGION,
+    })  # fmt: skip
+    server.wait_ready()
+    server.client().make_bucket("ckpt", location=REGION)
+    conf, s3 = tmp_path / "pg-backup.conf", tmp_path / "s3.env"
+    conf.write_text(
+        f'PGB_ENDPOINT="http://127.0.0.1:{server.port}"\nPGB_BUCKET="ckpt"\nPGB_REGION="{REGION}"\n'
+        f'PGB_PREFIX="backups/postgresql/"\nPGB_DATABASE="{postgres["name"]}"\nPGB_KEEP="5"\n'
+    )
+    s3.write_text(
+        f'AWS_ACCESS_KEY_ID="{USER}"\nAWS_SECRET_ACCESS_KEY="{PASSWORD}"\nAWS_DEFAULT_REGION="{REGION}"\n'
+    )
+    monkeypatch.setattr(prog, "CONF", str(conf))
+    monkeypatch.setattr(prog, "S3_ENV", str(s3))
+    monkeypatch.setattr(prog, "STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(prog, "LAST_DRILL", str(tmp_path / "state" / "last-drill.json"))
+    monkeypatch.setattr(prog, "DRILL_DB", f"pgb_drill_{postgres['name']}")  # xdist workers apart
+    monkeypatch.setenv("PGPORT", str(postgres["port"]))  # runuser keeps the environment
+    db = postgres["name"]
+    prog.psql(db, "DROP TABLE IF EXISTS experiments, users; CREATE TABLE experiments (id int)")
+    prog.psql(db, "CREATE TABLE users (name text)")
+    prog.psql(db, "INSERT INTO experiments SELECT generate_series(1, 12); INSERT INTO users VALUES ('admin')")
+    try:
+        yield types.SimpleNamespace(
+            db=db, bucket=prog.Bucket(prog.read_env(str(conf)), prog.read_env(str(s3)))
+        )
+    finally:
+        server.kill()
+
+
+@pytest.mark.pg
+def test_a_drill_restores_the_dump_apart_and_checks_it_against_its_manifest(drill_lab, capsys):
+    import json
+
+    assert prog.main(["backup", "--reason", "test"]) == 0
+    (key,) = prog.dumps(drill_lab.bucket, "backups/postgresql/")
+    manifest = prog.fetch_manifest(drill_lab.bucket, key)
+    assert manifest["tables"] == {"experiments": [12, 12], "users": [1, 1]} and manifest["key"] == key
+    assert prog.main(["list"]) == 0 and capsys.readouterr().out.split()[-1] == key  # no manifest listed
+
+    assert prog.main(["drill", "latest"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"drill ok: {key}" in out and "2 tables, 13 rows" in out
+    result = json.loads(Path(prog.LAST_DRILL).read_text())
+    assert result["ok"] is True and result["key"] == key and result["problems"] == []
+    # The scratch database is gone; the live one untouched.
+    assert prog.psql("postgres", f"SELECT 1 FROM pg_database WHERE datname = '{prog.DRILL_DB}'") == []
+    assert prog.row_counts(drill_lab.db) == {"experiments": 12, "users": 1}
+
+    # A manifest that does not match what the dump holds (a dump cut short, the wrong database).
+    manifest["tables"]["experiments"] = [20, 20]
+    manifest["tables"]["trials"] = [3, 3]
+    body = json.dumps(manifest).encode()
+    drill_lab.bucket.request(
+        "PUT", key + prog.MANIFEST, body=body, size=len(body), payload_hash=hashlib.sha256(body).hexdigest()
+    )
+    assert prog.main(["drill", key]) == 1
+    err = capsys.readouterr().err
+    assert "table experiments: 12 rows, 20 at dump time" in err and "table trials is missing" in err, err
+    assert json.loads(Path(prog.LAST_DRILL).read_text())["ok"] is False
+
+
+@pytest.mark.pg
+def test_restore_latest_refuses_the_dump_of_an_emptier_database(drill_lab, capsys, monkeypatch):
+    assert prog.main(["backup", "--reason", "full"]) == 0
+    # A master rebuilt on an empty database; the nightly timer dumps it.
+    prog.psql(drill_lab.db, "DELETE FROM experiments")
+    monkeypatch.setattr(prog, "datetime", types.SimpleNamespace(datetime=_Later, timezone=dt.timezone))
+    assert prog.main(["backup", "--reason", "nightly"]) == 0
+    older, newest = prog.dumps(drill_lab.bucket, "backups/postgresql/")
+    stopped = []
+    monkeypatch.setattr(prog.subprocess, "run", lambda *a, **k: stopped.append(a) or _real_run(*a, **k))
+    assert prog.main(["restore", "latest"]) == 1
+    err = capsys.readouterr().err
+    assert f"the newest backup {newest} holds fewer rows than {older} (experiments 0 < 12)" in err, err
+    assert "--force" in err and not any("systemctl" in a[0] for a in stopped)  # the master was never stopped
+
+
+_real_run = prog.subprocess.run
+
+
+class _Later(dt.datetime):
+    """Now plus a minute: the second backup's key sorts after the first one's."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return dt.datetime.now(tz) + dt.timedelta(minutes=1)

@@ -24,7 +24,7 @@ from tests.unit.test_cluster import lab_copy
 from tests.unit.test_inventory import NO_REAL_HOSTS, PYINFRA
 
 REPO = Path(__file__).resolve().parents[2]
-VERBS = ["check", "verify", "rebuild", "shards", "experiment", "short-yaml"]
+VERBS = ["check", "verify", "rebuild", "shards", "experiment", "short-yaml", "restore-drill"]
 BROKEN = REPO / "tests" / "unit" / "broken" / "syntax-error.yaml"
 
 
@@ -66,7 +66,7 @@ def test_help_lists_every_verb_on_one_line():
     assert listed[: len(VERBS)] == VERBS
     for verb in VERBS:
         (line,) = [line for line in lines if line.startswith(f"  {verb} ")]
-        assert line == f"  {verb:<12}{cli.HELP[verb]}" and len(line) <= 80
+        assert line == f"  {verb:<15}{cli.HELP[verb]}" and len(line) <= 80
 
 
 def test_no_verb_or_an_unknown_one_is_a_usage_error(capsys):
@@ -174,6 +174,37 @@ def test_rebuild_uses_the_inventory_beside_the_cluster_file(monkeypatch, capsys,
     ]
     assert capsys.readouterr().err == ""  # nothing generated, nothing to say
     assert not (private_state / "inventories").exists()
+
+
+def test_restore_drill_runs_pg_backup_on_the_master_through_pyinfra_exec(monkeypatch, capsys, tmp_path):
+    import deploy.restore_drill
+
+    ran = []
+    monkeypatch.setattr(
+        deploy.restore_drill.subprocess,
+        "run",
+        lambda argv, **kw: ran.append((argv, kw)) or subprocess.CompletedProcess(argv, 0),
+    )
+    monkeypatch.chdir(REPO)
+    lab = "inventories/lab/cluster.yaml"
+    assert cli.main(["restore-drill", "--cluster", lab, "-v"]) == 0
+    assert cli.main(["restore-drill", "--cluster", lab, "--backup-first"]) == 0
+    (first, kw), (second, _) = ran
+    exe = deploy.rebuild.pyinfra_executable()
+    master = "lab-master"  # cluster.yaml's master_host
+    assert first == [exe, "-y", "inventories/lab.py", "--limit", master, "-v", "exec", "--"] + [
+        "/usr/local/sbin/pg-backup", "drill", "latest",
+    ]  # fmt: skip
+    assert kw["cwd"] == REPO and kw["stdin"] == subprocess.DEVNULL
+    assert second[-4:] == [
+        "--", "sh", "-c",
+        "/usr/local/sbin/pg-backup backup --reason drill && /usr/local/sbin/pg-backup drill latest",
+    ]  # fmt: skip
+    assert f"--> restore-drill: on {master}:" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("master_host: m1\nnodes: 3\n")
+    assert deploy.restore_drill.main("inv.py", str(bad), False, []) == 2
+    assert len(ran) == 2 and capsys.readouterr().err.startswith(str(bad))
 
 
 def test_shards_generates_an_inventory_where_none_is_beside(monkeypatch, tmp_path, capsys, private_state):

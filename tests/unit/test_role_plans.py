@@ -833,8 +833,11 @@ CASES = [
             "Backup S3 keys /etc/pg-backup/s3.env": ["chmod 600 /etc/pg-backup/s3.env"],
             "Backup unit pg-backup.service": ["/etc/systemd/system/pg-backup.service"],
             "Backup unit pg-backup.timer": ["/etc/systemd/system/pg-backup.timer"],
+            "Backup unit pg-backup-drill.service": ["/etc/systemd/system/pg-backup-drill.service"],
+            "Backup unit pg-backup-drill.timer": ["/etc/systemd/system/pg-backup-drill.timer"],
             "Reload systemd for the backup units": ["systemctl daemon-reload"],
             "Nightly backup timer enabled and running": ["systemctl enable pg-backup.timer"],
+            "Weekly restore drill timer enabled and running": ["systemctl enable pg-backup-drill.timer"],
         },
     ),
     Case(

@@ -3,6 +3,7 @@
 backup's time and the master's clock -> pass, skip or fail, and why. No node, no lab."""
 
 import datetime
+import json
 
 import pytest
 
@@ -10,6 +11,7 @@ from tests.verify.test_storage import (
     BACKUP_MAX_AGE,
     FIRST_RUN_GRACE,
     backup_verdict,
+    drill_verdict,
     last_error_line,
     systemd_properties,
     systemd_time,
@@ -159,3 +161,42 @@ def test_last_error_line_is_the_last_runs():
         == "pg-backup.service: Main process exited, code=exited, status=2/INVALIDARGUMENT"
     )
     assert last_error_line("") == ""
+
+
+# --- test_restore_drill_recent: drill_verdict -------------------------------------------------
+
+DRILL_TIMER = "NextElapseUSecRealtime=Sun 2026-12-06 04:12:31 UTC\n"
+
+
+def _drill(ok: bool = True, at: str = "2026-11-29T04:20:00Z", **more) -> str:
+    record = {"key": "backups/postgresql/determined-20261129T023512Z-nightly.dump", "time": at, "ok": ok}
+    record.update(tables=5, rows=14, problems=[], seconds=1.2)
+    record.update(more)
+    return json.dumps(record)
+
+
+@pytest.mark.parametrize(
+    ("text", "timer", "now", "outcome", "says"),
+    [
+        # Fresh deploy: no drill yet, the first due next Sunday.
+        (None, DRILL_TIMER, NOW, "skip", "the first is due 2026-12-06 04:12 UTC"),
+        (None, DRILL_TIMER, datetime.datetime(2026, 12, 6, 5, 30, tzinfo=datetime.UTC), "fail", "was due"),
+        (None, "NextElapseUSecRealtime=\n", NOW, "fail", "schedules none"),
+        (_drill(), DRILL_TIMER, NOW, "pass", "5 tables, 14 rows as at dump time"),
+        (
+            _drill(ok=False, problems=["table experiments: 3 rows, 12 at dump time"]),
+            DRILL_TIMER,
+            NOW,
+            "fail",
+            "failed: table experiments: 3 rows, 12 at dump time",
+        ),
+        (_drill(at="2026-11-20T04:00:00Z"), DRILL_TIMER, NOW, "fail", "10 days old"),
+        ("{not json", DRILL_TIMER, NOW, "fail", "not a drill record"),
+        (json.dumps({"ok": True}), DRILL_TIMER, NOW, "fail", "not a drill record"),
+    ],
+)
+def test_drill_verdict(text, timer, now, outcome, says):
+    verdict = drill_verdict(text, systemd_properties(timer), now)
+    assert verdict.outcome == outcome and says in verdict.message, verdict
+    if outcome != "pass":
+        assert "python -m deploy restore-drill" in verdict.message or "failed" in verdict.message

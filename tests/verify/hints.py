@@ -250,6 +250,14 @@ HINTS: dict[str, Hint] = {
         "`journalctl -u pg-backup` and `systemctl list-timers pg-backup.timer` on {node}; "
         "`pg-backup list` shows what the bucket holds; `systemctl start pg-backup.service` runs one now",
     ),
+    "test_restore_drill_recent": Hint(
+        "the newest database backup was not proven to restore lately: the last restore drill "
+        "failed (what it found in the detail: a table or row count unlike the manifest written at "
+        "dump time, a dump that does not restore), or none ran this week",
+        "`cat /var/lib/pg-backup/last-drill.json`, `journalctl -u pg-backup-drill` and `systemctl "
+        "list-timers pg-backup-drill.timer` on {node}; `python -m deploy restore-drill --cluster "
+        "FILE` runs one now (docs/operations.md: restoring)",
+    ),
     # --- test_determined.py -----------------------------------------------------------------
     "test_postgresql_version_and_connections": Hint(
         "PostgreSQL too old (< 13), max_connections < 96, or listening beyond localhost",

@@ -24,6 +24,7 @@ import datetime
 import hashlib
 import http.client
 import io
+import json
 import re
 import shlex
 import socket
@@ -479,6 +480,72 @@ def test_latest_backup_recent(cluster, host_of):
         # The master's clock, the one its timer and its service's timestamps run on.
         datetime.datetime.fromtimestamp(int(h.check_output("date +%s")), datetime.UTC),
         h.run("journalctl -u pg-backup.service -n 50 --no-pager -o cat").stdout,
+    )
+    if verdict.outcome == "skip":
+        pytest.skip(verdict.message)
+    assert verdict.outcome == "pass", verdict.message
+
+
+LAST_DRILL = "/var/lib/pg-backup/last-drill.json"  # files/postgresql/pg-backup writes it
+# pg-backup-drill.timer runs weekly (with up to 30 min of random delay): a day of margin.
+DRILL_MAX_AGE = datetime.timedelta(days=8)
+
+
+def drill_verdict(text: str | None, timer: dict[str, str], now: datetime.datetime) -> Verdict:
+    """Whether the newest backup was proven to restore lately, from pg-backup's own record of its
+    last drill (`text`: the file's content, None when there is none):
+    - none yet: skip until pg-backup-drill.timer's next elapse (FIRST_RUN_GRACE after it), FAIL
+      from then on, and FAIL when the timer schedules no drill;
+    - the last drill failed: FAIL with what it found;
+    - it passed at most DRILL_MAX_AGE ago: pass; older: FAIL."""
+    now_text = "`python -m deploy restore-drill --cluster FILE` runs one now"
+    if text is None:
+        due = systemd_time(timer.get("NextElapseUSecRealtime", ""))
+        if due is None:
+            return Verdict(
+                "fail", f"no restore drill yet, and pg-backup-drill.timer schedules none; {now_text}"
+            )
+        if now < due + FIRST_RUN_GRACE:
+            return Verdict("skip", f"no restore drill yet: the first is due {_at(due)}; {now_text}")
+        return Verdict(
+            "fail", f"no restore drill although pg-backup-drill.timer was due {_at(due)}; {now_text}"
+        )
+    try:
+        record = json.loads(text)
+        when = datetime.datetime.strptime(record["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        ok, key = record["ok"] is True, str(record["key"])
+    except (ValueError, KeyError, TypeError):
+        return Verdict("fail", f"{LAST_DRILL} is not a drill record pg-backup wrote; {now_text}")
+    if not ok:
+        found = "; ".join(str(p) for p in record.get("problems") or []) or "no reason recorded"
+        return Verdict("fail", f"the restore drill of {key} at {_at(when)} failed: {found}")
+    age = now - when
+    if age > DRILL_MAX_AGE:
+        return Verdict(
+            "fail",
+            f"the last restore drill ({key}) is {age.days} days old (weekly, at most "
+            f"{DRILL_MAX_AGE.days}); {now_text}",
+        )
+    return Verdict(
+        "pass",
+        f"{key} restored {age.total_seconds() / 3600:.1f} h ago: {record.get('tables')} tables, "
+        f"{record.get('rows')} rows as at dump time",
+    )
+
+
+def test_restore_drill_recent(cluster, host_of):
+    """The newest backup restores: the last drill (pg-backup drill, weekly from
+    pg-backup-drill.timer or `python -m deploy restore-drill`) passed, at most a week and a day
+    ago, judged by drill_verdict on the master's clock."""
+    h = host_of(cluster.master_node)
+    record = h.file(LAST_DRILL)
+    timer = systemd_properties(
+        h.check_output(f"TZ=UTC LC_ALL=C systemctl show -p {TIMER_PROPERTIES[0]} pg-backup-drill.timer")
+    )
+    verdict = drill_verdict(
+        record.content_string if record.exists else None,
+        timer,
+        datetime.datetime.fromtimestamp(int(h.check_output("date +%s")), datetime.UTC),
     )
     if verdict.outcome == "skip":
         pytest.skip(verdict.message)
