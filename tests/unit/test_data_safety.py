@@ -288,6 +288,13 @@ def test_a_drill_restores_the_dump_apart_and_checks_it_against_its_manifest(dril
     assert "table experiments: 12 rows, 20 at dump time" in err and "table trials is missing" in err, err
     assert json.loads(Path(prog.LAST_DRILL).read_text())["ok"] is False
 
+    # A dump changed after it was taken: not restored at all.
+    drill_lab.bucket.request(
+        "PUT", key, body=b"PGDMP-other", size=11, payload_hash=hashlib.sha256(b"PGDMP-other").hexdigest()
+    )
+    assert prog.main(["drill", key]) == 1
+    assert "is not the manifest's" in capsys.readouterr().err
+
 
 @pytest.mark.pg
 def test_restore_latest_refuses_the_dump_of_an_emptier_database(drill_lab, capsys, monkeypatch):
