@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.cluster.checks import check, control_character
 from deploy.cluster.reader import Reader
+from deploy.cluster.storage_tls import parse_certificates
 from deploy.secrets import FileProblem, read_local_file
 
 if TYPE_CHECKING:  # model.py imports this module
@@ -238,8 +239,19 @@ def registry_ca_file(r: Reader, path: str, v: Any) -> str | None:
     elif b"-----BEGIN CERTIFICATE-----" not in data:
         r.bad(path, v, "not a PEM certificate (no '-----BEGIN CERTIFICATE-----' line)")
     else:
+        # Certificate blocks only, each readable, as storage.tls and determined.tls take theirs:
+        # a PEM that also holds the CA's PRIVATE KEY would be copied to every agent.
+        parsed = parse_certificates(data, "a CA certificate", REGISTRY_CA_CERTIFICATES_ONLY)
+        if isinstance(parsed, str):
+            r.bad(path, v, parsed)
+            return None
         return v
     return None
+
+
+REGISTRY_CA_CERTIFICATES_ONLY = (
+    "the file goes to every agent as /etc/docker/certs.d/<registry>/ca.crt, readable by all"
+)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import yaml
 from deploy import cluster as cluster_module
 from deploy.cluster import ClusterError, checks, load_cluster
 from deploy.secrets import REPO_ROOT
-from tests.unit.tls_material import corpus_master_tls
+from tests.unit.tls_material import ca_pem, corpus_master_tls
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
@@ -120,7 +120,7 @@ def lab_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     assert text.count("/var/lib/dtlab/secrets/") == 4
     text = text.replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
     # The lab registry's CA exists once the lab is built (tests/lab/registry.py): a stand-in.
-    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "ca.crt").write_text(ca_pem())
     text = text.replace("/var/lib/dtlab/registry/ca.crt", str(tmp_path / "ca.crt"))
     return write(tmp_path, text), values
 

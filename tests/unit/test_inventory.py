@@ -12,6 +12,7 @@ import pytest
 
 from deploy.cluster import Cluster
 from deploy.inventory import groups
+from tests.unit.tls_material import ca_pem
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab" / "cluster.yaml"
@@ -37,7 +38,7 @@ def lab_copy(directory: Path) -> tuple[Path, list[str]]:
         (secrets_dir / name).chmod(0o600)  # deploy/secrets.py refuses group/world-readable files
     text = LAB.read_text().replace("/var/lib/dtlab/secrets/", f"{secrets_dir}/")
     # The lab registry's CA exists once the lab is built (tests/lab/registry.py): a stand-in.
-    (directory / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (directory / "ca.crt").write_text(ca_pem())
     text = text.replace("/var/lib/dtlab/registry/ca.crt", str(directory / "ca.crt"))
     path = directory / "cluster.yaml"
     path.write_text(text)

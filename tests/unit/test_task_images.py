@@ -23,11 +23,12 @@ from roles.determined import docker, task_images
 from roles.determined import master as determined_master
 from tests.lab import registry
 from tests.unit.test_storage_roles import NASTY, write_cluster
+from tests.unit.tls_material import ca_pem
 
 DIGEST = "sha256:" + "7" * 64
 GPU = f"determinedai/environments:cuda-11.3-pytorch-1.12-tf-2.11-gpu-748dda4@{DIGEST}"
 CPU = f"determinedai/environments:py-3.9-pytorch-1.12-tf-2.11-cpu-748dda4@{DIGEST}"
-PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+PEM = ca_pem()
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -129,6 +130,16 @@ def test_registry_ca_file(tmp_path):
         assert what in check(images.registry_ca_file, value)[1][0]
     (tmp_path / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
     assert "not a PEM certificate" in check(images.registry_ca_file, str(tmp_path / "key.pem"))[1][0]
+    # The CA's key beside its certificate would be copied to every agent, readable by all.
+    (tmp_path / "with-key.pem").write_text(
+        PEM + "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+    )
+    (problem,) = check(images.registry_ca_file, str(tmp_path / "with-key.pem"))[1]
+    assert "holds a PRIVATE KEY block: only CERTIFICATE blocks belong here" in problem, problem
+    (tmp_path / "broken.pem").write_text(
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"
+    )
+    assert "not a CA certificate in PEM" in check(images.registry_ca_file, str(tmp_path / "broken.pem"))[1][0]
     # Read only when secrets are resolved (the lab's CA exists only once the lab is built).
     assert check(images.registry_ca_file, str(tmp_path / "none.crt"), resolve=False) == (
         str(tmp_path / "none.crt"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -180,3 +181,10 @@ def corpus_master_tls(directory: Path) -> None:
         write(directory / "master-elsewhere.key", elsewhere.key_pem(), 0o600)
         write(directory / "master-expired.crt", expired.public_bytes(serialization.Encoding.PEM))
         stamp.write_text(str(good.cert.not_valid_after_utc.timestamp()))
+
+
+@functools.cache
+def ca_pem() -> str:
+    """One readable CA certificate (PEM) for tests that only need a file that is one, such as
+    the lab's sources.registry_ca stand-in; made once per process."""
+    return make_ca("test registry CA").cert_pem.decode()
