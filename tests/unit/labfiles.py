@@ -16,8 +16,8 @@ LAB_STATE = "/var/lib/dtlab/"
 
 def lab_text(tmp_path: Path, text: str) -> str:
     """`text` (a lab cluster.yaml) naming files under tmp_path, which exist: the secrets made
-    by the lab's own code (0600), the registry CA a readable CA certificate, as test_cluster.lab_copy's (the loader parses its
-    blocks: deploy/cluster/images.py registry_ca_file)."""
+    by the lab's own code (0600), the registry CA a readable CA certificate, as
+    test_cluster.lab_copy's (the loader parses its blocks: deploy/cluster/images.py)."""
     text = text.replace(LAB_STATE, f"{tmp_path}/dtlab/")
     path = tmp_path / "dtlab-cluster.yaml"
     path.write_text(text)
