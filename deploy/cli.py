@@ -6,7 +6,7 @@ hands the work to the module that has always done it, with that module's own arg
     check --cluster FILE                  deploy.cluster.cli.main(["check", FILE])
     verify --cluster FILE [--reports DIR] [verify's options] [pytest args]
                                           tests.verify.__main__.main(the same arguments)
-    rebuild --cluster FILE NODE [--timeout S] [pyinfra options]
+    rebuild --cluster FILE NODE [--timeout S] [--force] [pyinfra options]
                                           deploy.rebuild.main([INVENTORY, NODE, ...])
     shards --cluster FILE [--shards N] [pyinfra options]
                                           deploy.shards.main([--shards N, INVENTORY, ...])
@@ -89,8 +89,9 @@ def short_yaml(args: argparse.Namespace, extra: list[str], argv: list[str]) -> i
 
 def rebuild(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     timeout = ["--timeout", str(args.timeout)] if args.timeout is not None else []
+    force = ["--force"] if args.force else []
     return _module("deploy.rebuild").main(
-        [_inventory(args.cluster), args.node, *timeout, *extra],
+        [_inventory(args.cluster), args.node, *timeout, *force, *extra],
         prog=f"{PROG} rebuild",
         cluster_args=["--cluster", args.cluster],
     )
@@ -177,6 +178,9 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         type=float,
         metavar="SECONDS",
         help="wait for the master and agents after the deploy (300)",
+    )
+    verbs["rebuild"].add_argument(
+        "--force", action="store_true", help="rebuild although the node runs trials (they are killed)"
     )
     verbs["rebuild"].epilog = "Other options (after NODE) go to pyinfra; docs/operations.md."
     verbs["shards"].add_argument("--shards", type=int, metavar="N", help="agent processes (os.cpu_count())")

@@ -4,6 +4,9 @@
 
 The node may be a blank reinstall (the dead server back from the vendor) or a working node
 being reinstalled. The command
+0. asks the master what runs on the node's agents (GET /api/v1/tasks): a node that trains is
+   alive, and the rebuild stops there (exit status 5) naming the trials, unless --force; drain
+   the node first and nothing runs;
 1. takes the node's Determined agents out of scheduling on the master (POST
    /api/v1/agents/{id}/disable with an admin token), so no trial is placed on it while the
    deploy restarts its agent; an agent the master already lost (dead node) needs nothing;
@@ -21,7 +24,7 @@ determined.admin_password from cluster.yaml; DET_USER / DET_PASS override it, as
 of the master sets it). Exit status: pyinfra's when
 the deploy fails, 3 when the deploy passed but the agents were not confirmed, 4 when the
 master refuses the login (HTTP 401/403: nothing was deployed, or the agents were not
-confirmed), 2 on bad usage.
+confirmed), 5 when the node still runs trials and --force was not given, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from deploy import master_http
+from deploy import master_http, training
 from deploy.cluster import Cluster, Node
 from deploy.summary import redact_argv
 
@@ -63,6 +66,7 @@ class MasterRefused(Exception):
 
 
 REFUSED = 4  # exit status
+BUSY = 5  # exit status: the node trains, and --force was not given
 
 
 class Master:
@@ -131,6 +135,11 @@ class Master:
 
     def enable(self, agent_id: str) -> dict:
         return self.request("POST", f"/api/v1/agents/{agent_id}/enable")["agent"]
+
+    def holders(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+        """{hostname: allocation names} of what runs on the agents (GET /api/v1/tasks)."""
+        summaries = self.request("GET", "/api/v1/tasks").get("allocationIdToSummary") or {}
+        return training.holders_by_node(cluster, summaries)
 
 
 def agents_of(node: Node, agents: list[dict]) -> list[dict]:
@@ -282,6 +291,11 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, cluster_args: list[
         default=300,
         help="seconds to wait for the master and agents after the deploy",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild although the master runs trials on the node (they are killed)",
+    )
     args, extra = parser.parse_known_args(argv)
     inventory = args.inventory.resolve()
     # Bad input is one line (no usage block): the usage would name INVENTORY, which a user of
@@ -299,17 +313,46 @@ def main(argv: list[str] | None = None, *, prog: str = PROG, cluster_args: list[
 
     again = shlex.join([*shlex.split(prog), *(cluster_args or [str(args.inventory)]), node.hostname])
     try:
-        return rebuild(again, inventory, cluster, node, extra, args.timeout)
+        return rebuild(again, inventory, cluster, node, extra, args.timeout, args.force)
     except MasterRefused as e:
         say(str(e))
         return REFUSED
 
 
+def still_training(master: Master, cluster: Cluster, node: Node) -> tuple[str, ...]:
+    """What the master runs on the node's agents: a node that trains is alive, and a rebuild
+    would end its trials. Unknown (the master does not answer) counts as nothing: a dead
+    master's node is what a rebuild is for."""
+    if "agent" not in node.roles:
+        return ()
+    try:
+        return master.holders(cluster).get(node.hostname, ())
+    except MasterError as e:
+        say(f"what runs on {node.hostname} is unknown (the master was not asked: {e}); going on")
+        return ()
+
+
 def rebuild(
-    again: str, inventory: Path, cluster: Cluster, node: Node, extra: list[str], timeout: float
+    again: str,
+    inventory: Path,
+    cluster: Cluster,
+    node: Node,
+    extra: list[str],
+    timeout: float,
+    force: bool = False,
 ) -> int:
     """`again`: the command that re-runs this rebuild, for the message when the deploy fails."""
     master = Master(cluster)
+    running = still_training(master, cluster, node)
+    if running and not force:
+        say(
+            f"{node.hostname} runs {', '.join(running)}: it is alive and training, and a rebuild "
+            "would end that. Drain its agents first (det agent disable --drain AGENT, until `det "
+            f"slot list` shows them free) and run the same command again; or kill them: {again} --force"
+        )
+        return BUSY
+    if running:
+        say(f"--force: {', '.join(running)} on {node.hostname} will be killed")
     disabled = take_out_of_service(master, node) if "agent" in node.roles else []
     expected = expected_back(node, disabled)
 

@@ -67,3 +67,60 @@ def test_main_stops_with_one_line_and_deploys_nothing(master, monkeypatch, capsy
     assert rebuild.main([str(inventory), "gpu-node1", "--password", "hunter2"]) == rebuild.REFUSED
     err = capsys.readouterr().err
     assert ran == [] and "DET_USER/DET_PASS" in err and len(err.strip().splitlines()) == 1
+
+
+class Training(BaseHTTPRequestHandler):
+    """A master that logs in and lists one trial on lab-gpu1's agent (GET /api/v1/tasks as
+    Determined 0.38 answers it: allocationIdToSummary, each resource's agentDevices)."""
+
+    def _send(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send({"token": "t"} if self.path == "/api/v1/auth/login" else {"agent": {}})
+
+    def do_GET(self):
+        assert self.path == "/api/v1/tasks", self.path
+        summary = {"name": "Trial 7 (Experiment 5)", "resources": [{"agentDevices": {"lab-gpu1": {}}}]}
+        self._send({"allocationIdToSummary": {"a.1": summary}})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_node_that_trains_is_not_rebuilt_without_force(monkeypatch, capsys, tmp_path, force):
+    """#35 L9: a rebuild of a healthy node killed its trials; it now names them and stops."""
+    from deploy.cluster import load_cluster
+    from tests.unit.test_cluster import lab_copy
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Training)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cluster = load_cluster(lab_copy(tmp_path)[0])
+        monkeypatch.setattr(
+            rebuild.master_http, "base_url", lambda c: f"http://127.0.0.1:{server.server_address[1]}"
+        )
+        inventory = tmp_path / "inv.py"
+        inventory.write_text("")
+        monkeypatch.setattr(rebuild, "cluster_of", lambda path: cluster)
+        ran = []
+        monkeypatch.setattr(
+            rebuild.subprocess, "run", lambda *a, **k: ran.append(a) or SimpleNamespace(returncode=1)
+        )
+        code = rebuild.main([str(inventory), "lab-gpu1", *(["--force"] if force else [])])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    if force:
+        assert code == 1 and len(ran) == 1  # the deploy ran (and failed here)
+        assert "--force: Trial 7 (Experiment 5) on lab-gpu1 will be killed" in err
+    else:
+        assert code == rebuild.BUSY and ran == []
+        assert "lab-gpu1 runs Trial 7 (Experiment 5): it is alive and training" in err
+        assert "lab-gpu1 --force" in err
