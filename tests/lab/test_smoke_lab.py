@@ -15,7 +15,7 @@ its row red with the hint that fits it, and is repaired before the next (try/fin
    NCCL's error), then a CUDA 12.4 default image (every row, the CUDA runtime's words).
 5. Every slot busy: every row "not run: busy", no red cell; a deploy that would restart
    Docker for a new daemon.json (determined.memlock_bytes) stops every agent first, naming
-   its trials, which keep running.
+   its trials, which keep running; a rebuild of a training node is refused the same way.
 
 Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
 checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
@@ -23,7 +23,10 @@ checkpoint objects under verify-smoke/ are gone after every run (verify's cleanu
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 
@@ -37,6 +40,7 @@ from tests.verify.master_api import _http, _master_url, admin_token
 
 from .busy import every_slot_held
 from .conftest import LAB_CLUSTER, _inventory_for, run_deploy, run_verify
+from .paths import REPO
 from .test_day_two_lab import wait_registered
 from .test_trials_lab import Api
 
@@ -305,6 +309,17 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
             assert refusal in run.stderr, run.stderr[-4000:]
             assert lab_ssh(agent.hostname, docker_since).stdout == since[agent.hostname]
             assert '"Soft": 8388608' in lab_ssh(agent.hostname, "cat /etc/docker/daemon.json").stdout
+        # A rebuild of a healthy, training node is refused before anything is touched (#35 L9).
+        victim = lab.agents[0].hostname
+        rebuilt = subprocess.run(
+            [sys.executable, "-m", "deploy", "rebuild", "--cluster", str(LAB_CLUSTER), victim],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert rebuilt.returncode == 5, rebuilt.stderr[-3000:]
+        assert f"{victim} runs Trial " in rebuilt.stderr and "--force" in rebuilt.stderr, rebuilt.stderr
+        assert "deploying" not in rebuilt.stderr
         api = Api(lab)
         assert {api.trial(exp_id)["state"] for exp_id in held} == {"STATE_RUNNING"}
+        status, body = api.call("GET", "/api/v1/agents")
+        assert status == 200 and all(a["enabled"] for a in json.loads(body)["agents"]), body
     assert leftovers(lab) == []
