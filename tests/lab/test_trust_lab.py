@@ -17,6 +17,8 @@
 - a mirror that wants a login (HTTP Basic, every path): apt (auth.conf.d) and curl (netrc) get
   through with sources.mirror_credentials, from root 0600 files; the password is in no
   sources list, apt.conf file or deploy output.
+- a rogue agent registered from inside a task container (the agent protocol has no login):
+  verify's master row names it and where it connects from.
 """
 
 import base64
@@ -29,6 +31,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +45,15 @@ from roles.minio.server import ENV_FILE as MINIO_ENV
 
 from . import debs
 from .aptrepo import throwaway_keys
-from .conftest import LAB_CLUSTER, LAB_INVENTORY, PYINFRA, DeployRun, _inventory_for, run_verify
+from .conftest import (
+    LAB_CLUSTER,
+    LAB_INVENTORY,
+    PYINFRA,
+    DeployRun,
+    _inventory_for,
+    failing_cells,
+    run_verify,
+)
 from .paths import MIRROR, REPO
 from .pins import LAB_DISTRO
 
@@ -386,3 +397,69 @@ def test_apt_and_downloads_log_in_to_the_mirror_from_root_only_files(lab, lab_ss
         assert back.returncode == 0, back.stderr[-3000:]
         for path in (AUTH_CONF, DOWNLOAD_NETRC):
             assert lab_ssh(victim, f"test -e {path}", check=False).returncode != 0
+
+
+# From inside a task container: the agent protocol needs no login (Determined exempts /agents
+# from authentication, master/internal/user unauthenticatedPointsList); the stand-in's form of
+# it is tests/lab/standins/determined/determined-agent's (setup, started, heartbeats).
+ROGUE_AGENT = """
+import json, os, time, urllib.request
+c = json.loads(os.environ["ROGUE"])
+q = "id=%s&resource_pool=default&version=0.38.0" % c["id"]
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(c["master"] + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=10).status
+call("GET", "/agents/setup?" + q + "&reconnect=false")
+devices = [{"id": i, "brand": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-rogue-%d" % i, "type": "cuda"}
+           for i in range(8)]
+print("started", call("POST", "/agents/started?" + q, {"version": "0.38.0", "devices": devices,
+                                                        "resource_pool": "default"}), flush=True)
+for _ in range(60):
+    time.sleep(2)
+    call("POST", "/agents/heartbeat?" + q, {})
+"""
+
+
+def test_a_rogue_agent_from_a_trial_container_turns_verify_red(deployed, lab, tmp_path):
+    """A task container registers an 8-GPU agent cluster.yaml does not name (#35 M4): verify's
+    master row names it with where it connects from. Afterwards it is disabled (a disconnected
+    agent stays listed for agent_reconnect_wait, 25 s) and disconnected."""
+    import json
+    import shlex
+    import urllib.request
+
+    from .test_scheduler_lab import run_on
+    from .test_trials_lab import Api
+
+    agent = lab.agents[-1].hostname
+    master = f"http://{lab.master_node.address}:{lab.master_port}"
+    image = shlex.quote(lab.task_refs.cpu)
+    name = "dtlab-rogue-agent"
+    given = shlex.quote(json.dumps({"master": master, "id": "rogue-gpu"}))  # nothing secret
+    run_on(
+        lab,
+        agent,
+        f"docker rm -f {name} >/dev/null 2>&1; docker run -d --name {name} --network bridge "
+        f"-e ROGUE={given} {image} python3 -c {shlex.quote(ROGUE_AGENT)}",
+    )
+    try:
+        for _ in range(30):
+            if "started 200" in run_on(lab, agent, f"docker logs {name} 2>&1", check=False).stdout:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(run_on(lab, agent, f"docker logs {name} 2>&1", check=False).stdout)
+        junit = tmp_path / "rogue.xml"
+        run_verify("-k", "test_master_knows_no_unnamed_agent", f"--junitxml={junit}")
+        assert failing_cells(junit) == {
+            f"test_determined::test_master_knows_no_unnamed_agent[{lab.master_node.hostname}]"
+        }
+        report = junit.read_text()
+        assert "rogue-gpu (from " in report and "8 slots" in report, report[-2000:]
+    finally:
+        run_on(lab, agent, f"docker rm -f {name}", check=False)
+        Api(lab).call("POST", "/api/v1/agents/rogue-gpu/disable", {"drain": False})
+        request = urllib.request.Request(f"{master}/agents?id=rogue-gpu", method="DELETE")
+        urllib.request.urlopen(request, timeout=10).read()

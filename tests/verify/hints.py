@@ -327,6 +327,12 @@ HINTS: dict[str, Hint] = {
         "`getent hosts MASTER` on {node} (/etc/hosts block); firewall; "
         "is the master listening (`ss -ltn` on the master)?",
     ),
+    "test_master_knows_no_unnamed_agent": Hint(
+        "an agent cluster.yaml does not name is registered and enabled: the master hands it "
+        "trials, with their users' tokens and S3 keys (Determined does not authenticate agents)",
+        "`det agent disable --drain AGENT` now (the address in the detail says where it runs); "
+        "find who started it; a real node belongs in cluster.yaml, then " + REDEPLOY,
+    ),
     "test_agent_registered_with_its_slots": Hint(
         "agent not registered with the master, or with the wrong number of slots",
         "journalctl -u determined-agent on {node}; master_port defaults to 80 when absent; "

@@ -23,7 +23,7 @@ from deploy import determined_node, master_http
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.postgresql import RoleVerifier
 from deploy.postgresql_node import DIGEST_KEY, MIN_CONNECTIONS, MIN_MAJOR, hmac_key, password_matches
-from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, admin_token
+from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, _slot_count, admin_token
 from tests.verify.master_config import differences, expected_master_yaml, expected_task_container_defaults
 from tests.verify.test_storage import parse_env_file
 
@@ -379,6 +379,25 @@ def test_agent_registered_with_its_slots(agent, registered_agents):
         assert sorted(mine) == [agent.hostname]
     # slots is the node's GPU count: per_domain agents share it out, one domain each.
     assert _enabled_slots(agent, registered_agents) == agent.slots
+
+
+def unnamed_agents(cluster, agents: dict) -> list[str]:
+    """The enabled agents no agent node of cluster.yaml owns by id (its hostname, or
+    hostname-<i> per NVLink domain), each with where the master sees it connect from."""
+    return [
+        f"{agent_id} (from {', '.join(a.get('addresses') or ['?'])}, {_slot_count(a.get('slots'))} slots)"
+        for agent_id, a in sorted(agents.items())
+        if a.get("enabled", True) and not any(n.owns_agent(agent_id) for n in cluster.agents)
+    ]
+
+
+def test_master_knows_no_unnamed_agent(master, registered_agents, cluster):
+    """Determined 0.38 exempts the agents' websocket from authentication (master/internal/user
+    unauthenticatedPointsList: /agents): anything that reaches the master's port can register
+    an agent with any id and slot count, and receive other users' tasks, their tokens and S3
+    keys. Every enabled agent must be one cluster.yaml names; a disabled one takes no work."""
+    unnamed = unnamed_agents(cluster, registered_agents)
+    assert not unnamed, f"the master schedules on agents cluster.yaml does not name: {'; '.join(unnamed)}"
 
 
 # --- determined.tls ------------------------------------------------------------------------
