@@ -427,6 +427,10 @@ def test_the_fairness_example_reports_its_gaps_and_pauses_itself(api, lab, tmp_p
     its own experiment with its task session, and the master's metrics read back over the
     threshold. (Resuming from the pause is proven against the master stand-in in
     tests/unit/test_standin_core_api.py; here it would cost a second trial start.)"""
+    from .test_day_two_lab import wait_registered
+
+    for agent in lab.agents:  # the master refuses an experiment its pool cannot hold yet
+        wait_registered(lab, agent, timeout=120)
     out_dir = experiment_new(tmp_path / "fairness", "--example", "fairness")
     config = out_dir / "experiment.yaml"
     text = config.read_text()
