@@ -90,4 +90,4 @@ def run() -> None:
         name="Master and storage ready before agents register", reason="every host is past the master's roles"
     )
     if "agent" in roles:
-        determined_agent.apply(cluster=cluster, node=node)
+        determined_agent.apply(cluster=cluster, node=node, busy=busy)

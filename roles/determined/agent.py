@@ -22,6 +22,15 @@ activate:  per_node: every determined-agent@ instance stopped and disabled, its 
            The drop-in (and the same lines in the template) lift systemd's start limit: an
            agent started before its master is reachable keeps retrying every 5 s.
 
+guard:     while the master runs trials on a per_node agent (deploy/training.py), a change that
+           restarts the agent (agent.yaml, its drop-in, another determined-agent version)
+           stops the host before anything is written: a new agent process takes no running
+           container with it unless the pool reattaches them (Determined's master hands a
+           restarted agent ContainersToReattach only with agent_reattach_enabled, which
+           master.yaml does not set: master/internal/agent/agent.go), so its trials end.
+           Not guarded: the master's CA (determined.tls on or off, or a new CA) and the
+           per_domain units (roles/determined/domains.py).
+
 A stopped agent closes its connection; the master lists it as disabled for the resource
 pool's agent_reconnect_wait (25 s by default) and then drops it. Registration with the master
 is checked by tests/verify/test_determined.py and tests/verify/test_topology_agents.py.
@@ -29,16 +38,21 @@ is checked by tests/verify/test_determined.py and tests/verify/test_topology_age
 
 from __future__ import annotations
 
+import hashlib
 import io
 
-from pyinfra.api import deploy
+from pyinfra import host
+from pyinfra.api import deploy, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files, systemd
 
 from deploy.cluster import Cluster, Node
+from deploy.training import IDLE, Busy
 from roles.determined import domains as determined_domains
 from roles.determined import tls as determined_tls
 from roles.determined.common import CONFIG_DIR, agent_config, install_determined
-from roles.shared.ops import packages
+from roles.shared.ops import fail, packages
 from roles.shared.templates import files_path
 
 AGENT_YAML = f"{CONFIG_DIR}/agent.yaml"
@@ -55,11 +69,39 @@ def agent_yaml(cluster: Cluster, node: Node) -> str:
     return agent_config(cluster, node.hostname, None, AGENT_YAML)
 
 
+@operation()
+def agent_kept(wanted: dict[str, str], version: str, refusal: str):
+    """Stop this host if the agent would restart now: a file in `wanted` ({path: content})
+    differs from what the node has (by sha1, as files.put compares), or determined-agent
+    `version` is not installed. `refusal` names the trials; "{what}" in it becomes the cause."""
+    what = [path for path, text in wanted.items() if host.get_fact(Sha1File, path=path) != _sha1(text)]
+    if version not in host.get_fact(DebPackages).get("determined-agent", ()):
+        what.append(f"determined-agent {version}")
+    if not what:
+        host.noop("the agent's configuration and version stay: it keeps its containers")
+        return
+    yield fail(refusal.replace("{what}", ", ".join(what)))
+
+
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+
 @deploy("Determined agent")
-def apply(cluster: Cluster, node: Node) -> None:
+def apply(cluster: Cluster, node: Node, busy: Busy = IDLE) -> None:
     per_domain = node.agent_layout == "per_domain"
 
     packages(["curl", "ca-certificates"], "download tools")
+    if busy.guarded and not per_domain:
+        agent_kept(
+            name="The agent is not restarted while trials run here",
+            wanted={
+                AGENT_YAML: agent_yaml(cluster, node),
+                DROP_IN: files_path("determined/agent-10-restart.conf").read_text(),
+            },
+            version=cluster.determined.version,
+            refusal=busy.refusal("restarting the agent for a changed {what}"),
+        )
 
     # configure (before the package: see the module docstring)
     files.directory(name=CONFIG_DIR, path=CONFIG_DIR, user="root", group="root", mode="755")

@@ -1397,3 +1397,32 @@ def test_no_reboot_into_a_new_driver_while_trials_run(lab):
         changing(plan(nvidia_driver.apply, deployed(lab, node, cold), cluster=lab, node=node, busy=BUSY))
         == []
     )
+
+
+def test_the_agent_is_not_restarted_while_trials_run(lab):
+    """A per_node agent whose agent.yaml would change (here determined.slot_type) stops the host
+    before the file is written; the same settings pass with nothing to do."""
+    node = lab.node("lab-gpu3")
+    case = next(c for c in CASES if c.role is determined_agent and c.node == "lab-gpu3")
+    cold = cold_plan(lab, case)
+    busy = dataclasses.replace(BUSY, node="lab-gpu3")
+    changed = dataclasses.replace(lab, determined=dataclasses.replace(lab.determined, slot_type="cpu"))
+    steps = plan(determined_agent.apply, deployed(lab, node, cold), cluster=changed, node=node, busy=busy)
+    stop, *after = [p for p in steps if p.changes]
+    assert stop.name.endswith("The agent is not restarted while trials run here")
+    assert (
+        "lab-gpu3: restarting the agent for a changed /etc/determined/agent.yaml would end what the "
+        "master runs here: Trial 7 (Experiment 5)"
+    ) in stop.text
+    assert [p.name.split(" | ", 1)[1] for p in after] == [
+        "Agent configuration /etc/determined/agent.yaml",
+        "Restart the agent for its new configuration",
+    ]
+    same = plan(determined_agent.apply, deployed(lab, node, cold), cluster=lab, node=node, busy=busy)
+    assert changing(same) == []
+    accepted = dataclasses.replace(busy, accepted=True)
+    steps = plan(determined_agent.apply, deployed(lab, node, cold), cluster=changed, node=node, busy=accepted)
+    assert [n.split(" | ", 1)[1] for n in changing(steps)] == [
+        "Agent configuration /etc/determined/agent.yaml",
+        "Restart the agent for its new configuration",
+    ]
