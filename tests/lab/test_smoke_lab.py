@@ -15,7 +15,8 @@ its row red with the hint that fits it, and is repaired before the next (try/fin
    NCCL's error), then a CUDA 12.4 default image (every row, the CUDA runtime's words).
 5. Every slot busy: every row "not run: busy", no red cell; a deploy that would restart
    Docker for a new daemon.json (determined.memlock_bytes) stops every agent first, naming
-   its trials, which keep running; a rebuild of a training node is refused the same way.
+   its trials, which keep running; so does one that would restart a per_node agent, and a
+   rebuild of a training node.
 
 Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
 checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
@@ -309,6 +310,25 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
             assert refusal in run.stderr, run.stderr[-4000:]
             assert lab_ssh(agent.hostname, docker_since).stdout == since[agent.hostname]
             assert '"Soft": 8388608' in lab_ssh(agent.hostname, "cat /etc/docker/daemon.json").stdout
+        # A change that restarts a per_node agent (agent.yaml's slot_type), deployed to that node
+        # alone: refused before the file is written; the agent keeps running (#37 item 4).
+        per_node = next(a.hostname for a in lab.agents if a.agent_layout == "per_node")
+        slot_type = tmp_path / "slot-type" / "cluster.yaml"
+        slot_type.parent.mkdir()
+        assert text.count("\ndetermined:\n") == 1
+        slot_type.write_text(text.replace("\ndetermined:\n", "\ndetermined:\n  slot_type: cpu\n"))
+        agent_since = "systemctl show -p ActiveEnterTimestampMonotonic --value determined-agent.service"
+        before = lab_ssh(per_node, agent_since).stdout
+        run = run_deploy(inventory=_inventory_for(slot_type), limit=per_node)
+        assert run.returncode != 0, run.stderr[-3000:]
+        refusal = (
+            f"{per_node}: restarting the agent for a changed /etc/determined/agent.yaml would end "
+            "what the master runs here: Trial "
+        )
+        assert refusal in run.stderr, run.stderr[-4000:]
+        assert lab_ssh(per_node, agent_since).stdout == before
+        assert 'slot_type: "cuda"' in lab_ssh(per_node, "cat /etc/determined/agent.yaml").stdout
+
         # A rebuild of a healthy, training node is refused before anything is touched (#35 L9).
         victim = lab.agents[0].hostname
         rebuilt = subprocess.run(
