@@ -72,11 +72,10 @@ def _ask(cluster: Cluster) -> dict[str, tuple[str, ...]] | None:
     from deploy.rebuild import Master, MasterError, MasterRefused
 
     try:
-        summaries = Master(cluster, timeout=5).request("GET", "/api/v1/tasks").get("allocationIdToSummary")
+        return Master(cluster, timeout=5).holders(cluster)
     except (MasterError, MasterRefused) as e:
         logger.warning(f"what runs on the agents is unknown (the master was not asked: {e})")
         return None
-    return holders_by_node(cluster, summaries or {})
 
 
 def busy(cluster: Cluster, node: Node, accept: object = None) -> Busy:
