@@ -30,6 +30,7 @@ import shlex
 import socket
 import ssl
 import uuid
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import pytest
@@ -391,6 +392,25 @@ def _at(stamp: datetime.datetime) -> str:
     return f"{stamp:%Y-%m-%d %H:%M} UTC"
 
 
+def first_run_verdict(
+    timer: dict[str, str],
+    now: datetime.datetime,
+    *,
+    unscheduled: str,
+    pending: Callable[[str], str],
+    overdue: Callable[[str], str],
+) -> Verdict:
+    """For a timer's service that has not run yet (the backup, the restore drill): FAIL when the
+    timer schedules no run, skip until its next elapse (FIRST_RUN_GRACE after it), FAIL from
+    then on. `pending` and `overdue` get that elapse as text."""
+    due = systemd_time(timer.get("NextElapseUSecRealtime", ""))
+    if due is None:
+        return Verdict("fail", unscheduled)
+    if now < due + FIRST_RUN_GRACE:
+        return Verdict("skip", pending(_at(due)))
+    return Verdict("fail", overdue(_at(due)))
+
+
 def backup_verdict(
     service: dict[str, str],
     timer: dict[str, str],
@@ -435,17 +455,14 @@ def backup_verdict(
         since = f" since {_at(started)}" if started else ""
         return Verdict("skip", f"{what}; pg-backup.service is running{since}: its result decides")
     if started is None:
-        due = systemd_time(timer.get("NextElapseUSecRealtime", ""))
-        if due is None:
-            return Verdict(
-                "fail", f"{what}; pg-backup.service has not run and pg-backup.timer schedules no run"
-            )
-        if now < due + FIRST_RUN_GRACE:
-            return Verdict(
-                "skip", f"{what} yet: pg-backup.service has not run, its first run is due {_at(due)}"
-            )
-        return Verdict(
-            "fail", f"{what}; pg-backup.service has not run although pg-backup.timer was due {_at(due)}"
+        return first_run_verdict(
+            timer,
+            now,
+            unscheduled=f"{what}; pg-backup.service has not run and pg-backup.timer schedules no run",
+            pending=lambda due: f"{what} yet: pg-backup.service has not run, its first run is due {due}",
+            overdue=lambda due: (
+                f"{what}; pg-backup.service has not run although pg-backup.timer was due {due}"
+            ),
         )
     last = f"{_at(started)} to {_at(ended)}" if ended else _at(started)
     return Verdict("fail", f"{what} although pg-backup.service last ran {last} and succeeded")
@@ -500,15 +517,12 @@ def drill_verdict(text: str | None, timer: dict[str, str], now: datetime.datetim
     - it passed at most DRILL_MAX_AGE ago: pass; older: FAIL."""
     now_text = "`python -m deploy restore-drill --cluster FILE` runs one now"
     if text is None:
-        due = systemd_time(timer.get("NextElapseUSecRealtime", ""))
-        if due is None:
-            return Verdict(
-                "fail", f"no restore drill yet, and pg-backup-drill.timer schedules none; {now_text}"
-            )
-        if now < due + FIRST_RUN_GRACE:
-            return Verdict("skip", f"no restore drill yet: the first is due {_at(due)}; {now_text}")
-        return Verdict(
-            "fail", f"no restore drill although pg-backup-drill.timer was due {_at(due)}; {now_text}"
+        return first_run_verdict(
+            timer,
+            now,
+            unscheduled=f"no restore drill yet, and pg-backup-drill.timer schedules none; {now_text}",
+            pending=lambda due: f"no restore drill yet: the first is due {due}; {now_text}",
+            overdue=lambda due: f"no restore drill although pg-backup-drill.timer was due {due}; {now_text}",
         )
     try:
         record = json.loads(text)
