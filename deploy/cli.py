@@ -15,10 +15,13 @@ hands the work to the module that has always done it, with that module's own arg
     short-yaml --cluster FILE             deploy.short_yaml.main([FILE])
     restore-drill --cluster FILE [--backup-first] [pyinfra options]
                                           deploy.restore_drill.main(INVENTORY, FILE, ...)
+    upgrade --cluster FILE [-y] [--max-unavailable N] [--canary NODE] [--drain-timeout S]
+            [--pause-experiments] [--timeout S] [pyinfra options]
+                                          deploy.rolling.main(INVENTORY, options, ...)
 
-rebuild, shards and restore-drill run pyinfra, which takes an inventory module rather than a cluster file: it
-is inventories/<env>.py for inventories/<env>/cluster.yaml when that module exists, else one
-generated for FILE (deploy/inventory.py inventory_for). The deploy itself stays pyinfra's own
+rebuild, shards, restore-drill and upgrade run pyinfra, which takes an inventory module rather than
+a cluster file: it is inventories/<env>.py for inventories/<env>/cluster.yaml when that module
+exists, else one generated for FILE (deploy/inventory.py inventory_for). The deploy itself stays pyinfra's own
 command: `pyinfra -y inventories/<env>.py deploy.py`.
 
 The old commands (python -m deploy.cluster check, deploy.rebuild, deploy.shards,
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 from collections.abc import Callable
 
@@ -110,12 +114,19 @@ def restore_drill(args: argparse.Namespace, extra: list[str], argv: list[str]) -
     )
 
 
+def upgrade(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
+    # The command that resumes a stopped rollout is the one typed, with -y.
+    args.again = shlex.join([*shlex.split(PROG), "upgrade", *argv, *([] if args.yes else ["-y"])])
+    return _module("deploy.rolling").main(_inventory(args.cluster), args, extra)
+
+
 OWN: dict[str, Callable[[argparse.Namespace, list[str], list[str]], int]] = {
     "check": check,
     "short-yaml": short_yaml,
     "rebuild": rebuild,
     "shards": shards,
     "restore-drill": restore_drill,
+    "upgrade": upgrade,
 }
 TAKES_NO_MORE = ("check", "short-yaml")  # the others pass what they do not know to pyinfra
 
@@ -142,6 +153,7 @@ HELP = {
     "experiment": "new | lint: write or check an experiment configuration",
     "short-yaml": "print the short cluster.yaml (master, agents, storage)",
     "restore-drill": "restore the newest database backup apart, and check it",
+    "upgrade": "roll a changed cluster file through, batch by batch",
 }
 
 
@@ -191,6 +203,22 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         help="take a backup just before (pg-backup backup --reason drill)",
     )
     verbs["restore-drill"].epilog = "Other options go to pyinfra; docs/operations.md."
+    up = verbs["upgrade"]
+    up.add_argument("-y", "--yes", action="store_true", help="carry the plan out (without: print it)")
+    up.add_argument("--max-unavailable", type=int, default=1, metavar="N", help="agent nodes out at once (1)")
+    up.add_argument("--canary", metavar="NODE", help="this agent node first, alone")
+    up.add_argument(
+        "--drain-timeout", type=float, default=600, metavar="SECONDS", help="wait for a node's trials (600)"
+    )
+    up.add_argument(
+        "--pause-experiments",
+        action="store_true",
+        help="past --drain-timeout, pause the experiments on the node; activate them after",
+    )
+    up.add_argument(
+        "--timeout", type=float, default=300, metavar="SECONDS", help="wait for agents after a deploy (300)"
+    )
+    up.epilog = "Other options go to pyinfra; docs/operations.md (Rolling changes)."
     return top, verbs
 
 

@@ -17,6 +17,7 @@ nothing is known to run through it, and the deploy goes on, saying so once.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from pyinfra import logger
@@ -36,6 +37,7 @@ class Busy:
     node: str
     holders: tuple[str, ...] = ()
     accepted: bool = False
+    cluster_file: str = "FILE"  # named in the refusal's command
 
     @property
     def guarded(self) -> bool:
@@ -46,9 +48,11 @@ class Busy:
         """The one line that stops the host before `step`."""
         shown = ", ".join(self.holders)
         return (
-            f"{self.node}: {step} would end what the master runs here: {shown}. Drain the node's "
-            f"agents first (det agent disable --drain AGENT, until `det slot list` shows them "
-            f"free), then deploy again; or accept the loss: deploy with --data {ACCEPT_KEY}=yes"
+            f"{self.node}: {step} would end what the master runs here: {shown}. Roll the change "
+            f"through node by node instead, draining each first: python -m deploy upgrade "
+            f"--cluster {shlex.quote(self.cluster_file)} -y (add --pause-experiments to pause "
+            f"what does not finish); or "
+            f"accept the loss: deploy with --data {ACCEPT_KEY}=yes"
         )
 
 
@@ -84,4 +88,9 @@ def busy(cluster: Cluster, node: Node, accept: object = None) -> Busy:
     if key not in _ASKED:
         _ASKED[key] = _ask(cluster)
     holders = (_ASKED[key] or {}).get(node.hostname, ())
-    return Busy(node=node.hostname, holders=holders, accepted=str(accept or "").lower() in ACCEPTED)
+    return Busy(
+        node=node.hostname,
+        holders=holders,
+        accepted=str(accept or "").lower() in ACCEPTED,
+        cluster_file=str(cluster.path),
+    )

@@ -16,7 +16,8 @@ its row red with the hint that fits it, and is repaired before the next (try/fin
 5. Every slot busy: every row "not run: busy", no red cell; a deploy that would restart
    Docker for a new daemon.json (determined.memlock_bytes) stops every agent first, naming
    its trials, which keep running; so does one that would restart a per_node agent, and a
-   rebuild of a training node.
+   rebuild of a training node. `python -m deploy upgrade` then rolls the memlock change
+   through, one node at a time (polled: never two out), pausing and activating the experiments.
 
 Only the smoke part of verify runs (`-k test_smoke`), on the lab every lab test shares. The
 checkpoint objects under verify-smoke/ are gone after every run (verify's cleanup).
@@ -28,6 +29,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -290,7 +292,10 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
     changed.parent.mkdir()
     text = LAB_CLUSTER.read_text()
     assert text.count("memlock_bytes: 8388608\n") == 1
-    changed.write_text(text.replace("memlock_bytes: 8388608\n", "memlock_bytes: 16777216\n"))
+    # Lower, not higher: a lab machine (systemd-nspawn, no CAP_SYS_RESOURCE) cannot raise its
+    # 8 MiB hard memlock limit, and runc then refuses every container ("error setting rlimit
+    # type 8: operation not permitted"): the rollout's verify gate caught exactly that.
+    changed.write_text(text.replace("memlock_bytes: 8388608\n", "memlock_bytes: 4194304\n"))
     docker_since = "systemctl show -p ActiveEnterTimestampMonotonic --value docker.service"
     with every_slot_held(lab) as held:
         rows, matrix, out, seconds = run_smoke(tmp_path, "busy")
@@ -342,4 +347,67 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
         assert {api.trial(exp_id)["state"] for exp_id in held} == {"STATE_RUNNING"}
         status, body = api.call("GET", "/api/v1/agents")
         assert status == 200 and all(a["enabled"] for a in json.loads(body)["agents"]), body
+
+        # The rolling path applies the memlock change the plain deploy refused (#37 items 1, 4):
+        # one agent node at a time, its experiment paused past a short drain and activated
+        # again; the master's agent list polled throughout: never two nodes out at once.
+        most_out, stop = rolling_poller(lab, api)
+        try:
+            rolled = subprocess.run(
+                [sys.executable, "-m", "deploy", "upgrade", "--cluster", str(changed), "-y",
+                 "--pause-experiments", "--drain-timeout", "5", "--timeout", "120"],
+                cwd=REPO, capture_output=True, text=True, timeout=900, check=False, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            stop()
+        assert rolled.returncode == 0, rolled.stderr[-5000:]
+        print(rolled.stderr[-2500:])
+        assert most_out == [1], most_out
+        for agent in lab.agents:
+            assert f"{agent.hostname}: upgraded: verify rows green, agents enabled" in rolled.stderr
+            assert '"Soft": 4194304' in lab_ssh(agent.hostname, "cat /etc/docker/daemon.json").stdout
+        assert "paused (it checkpoints and stops)" in rolled.stderr and "activated again" in rolled.stderr
+        deadline = time.monotonic() + 180
+        while {api.trial(exp_id)["state"] for exp_id in held} != {"STATE_RUNNING"}:
+            assert time.monotonic() < deadline, [api.trial(e)["state"] for e in held]
+            time.sleep(3)
+        # A second run resumes nothing and changes nothing: every node already runs the file.
+        again = subprocess.run(
+            [sys.executable, "-m", "deploy", "upgrade", "--cluster", str(changed), "-y"],
+            cwd=REPO, capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert again.returncode == 0 and "nothing to change" in again.stderr, again.stderr[-3000:]
+    # Back to the lab's own memlock, on the idle cluster, for the tests after this one.
+    back = run_deploy()
+    assert back.returncode == 0, back.stderr[-3000:]
     assert leftovers(lab) == []
+
+
+def rolling_poller(lab, api):
+    """Polls the master's agent list every half second; returns ([the most agent nodes seen
+    disabled at once], stop())."""
+    most = [0]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            status, body = api.call("GET", "/api/v1/agents")
+            if status == 200:
+                agents = json.loads(body)["agents"]
+                out = {
+                    n.hostname
+                    for n in lab.agents
+                    for a in agents
+                    if n.owns_agent(a["id"]) and not a["enabled"]
+                }
+                most[0] = max(most[0], len(out))
+            done.wait(0.5)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+
+    def stop():
+        done.set()
+        thread.join(10)
+
+    return most, stop

@@ -110,8 +110,9 @@ def test_a_refused_login_leaves_nothing_known_to_run(cluster, monkeypatch):
 
 
 def test_the_refusal_names_the_node_the_trials_and_both_ways_on():
-    busy = training.Busy(node="lab-gpu1", holders=("Trial 7 (Experiment 5)",))
+    busy = training.Busy(node="lab-gpu1", holders=("Trial 7 (Experiment 5)",), cluster_file="inv/my lab.yaml")
     line = busy.refusal("restarting Docker for a new daemon.json")
     assert line.startswith("lab-gpu1: restarting Docker for a new daemon.json would end what the master")
-    assert "Trial 7 (Experiment 5)" in line and "det agent disable --drain" in line
+    assert "Trial 7 (Experiment 5)" in line
+    assert "python -m deploy upgrade --cluster 'inv/my lab.yaml' -y" in line
     assert line.endswith("deploy with --data disruptive=yes") and "\n" not in line
