@@ -128,10 +128,11 @@ class Master:
     def agents(self) -> list[dict]:
         return self.request("GET", "/api/v1/agents")["agents"]
 
-    def disable(self, agent_id: str) -> dict:
-        # drain=false: whatever still runs there is killed and rescheduled elsewhere from its
-        # last checkpoint; the node is about to be wiped anyway.
-        return self.request("POST", f"/api/v1/agents/{agent_id}/disable", {"drain": False})["agent"]
+    def disable(self, agent_id: str, drain: bool = False) -> dict:
+        # drain=false (a rebuild): whatever still runs there is killed and rescheduled elsewhere
+        # from its last checkpoint; the node is about to be wiped anyway. drain=true (an
+        # upgrade): what runs goes on, nothing new is scheduled there.
+        return self.request("POST", f"/api/v1/agents/{agent_id}/disable", {"drain": drain})["agent"]
 
     def enable(self, agent_id: str) -> dict:
         return self.request("POST", f"/api/v1/agents/{agent_id}/enable")["agent"]

@@ -37,18 +37,13 @@ def command(backup_first: bool) -> list[str]:
     return ["sh", "-c", f"{PROGRAM} backup --reason drill && {PROGRAM} drill latest"]
 
 
+def exec_argv(inventory: str, host: str, extra: list[str], command: list[str]) -> list[str]:
+    """pyinfra's ad-hoc command on one host of the inventory (also the upgrade's dump)."""
+    return [pyinfra_executable(), "-y", inventory, "--limit", host, *extra, "exec", "--", *command]
+
+
 def argv(inventory: str, master: str, backup_first: bool, extra: list[str]) -> list[str]:
-    return [
-        pyinfra_executable(),
-        "-y",
-        inventory,
-        "--limit",
-        master,
-        *extra,
-        "exec",
-        "--",
-        *command(backup_first),
-    ]
+    return exec_argv(inventory, master, extra, command(backup_first))
 
 
 def main(inventory: str, cluster_file: str, backup_first: bool, extra: list[str]) -> int:

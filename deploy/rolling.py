@@ -60,8 +60,10 @@ from deploy.rebuild import (
     master_back,
     pyinfra_executable,
     registered,
+    wait,
 )
 from deploy.restore_drill import PROGRAM as PG_BACKUP
+from deploy.restore_drill import exec_argv
 from deploy.summary import redact_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -219,12 +221,9 @@ class Rollout:
         )
         return run.returncode == 0, run.stdout + run.stderr
 
-    def disable(self, node: Node) -> list[str]:
-        ids = []
+    def disable(self, node: Node) -> None:
         for agent in agents_of(node, self.master.agents()):
-            self.master.request("POST", f"/api/v1/agents/{agent['id']}/disable", {"drain": True})
-            ids.append(agent["id"])
-        return ids
+            self.master.disable(agent["id"], drain=True)
 
     def running(self, node: Node) -> tuple[str, ...]:
         return self.master.holders(self.cluster).get(node.hostname, ())
@@ -271,19 +270,13 @@ class Rollout:
 
     def back(self, node: Node) -> bool:
         """Registered again, held disabled, verify rows green, then enabled."""
-        found = None
-        deadline = time.monotonic() + self.args.timeout
-        while not found and time.monotonic() < deadline:
-            found = registered(self.master, node, [])
-            if not found:
-                time.sleep(2)
-        if not found:
+        if not wait(lambda: registered(self.master, node, []), self.args.timeout):
             self.outcome[node.hostname] = "FAILED: its agents did not register again"
             return False
         time.sleep(3)  # a per_domain node's agents start together: let the others in
         for agent in agents_of(node, self.master.agents()):
             if agent.get("enabled", True):  # back enabled after a reboot: no work until the gate
-                self.master.request("POST", f"/api/v1/agents/{agent['id']}/disable", {"drain": True})
+                self.master.disable(agent["id"], drain=True)
         ok, out = self.gate(node)
         if not ok:
             print(out[-6000:], file=sys.stderr)
@@ -308,22 +301,9 @@ class Rollout:
         self.record.save()
 
     def backup(self) -> int:
+        command = [PG_BACKUP, "backup", "--reason", "upgrade"]
         master = self.cluster.master_node.hostname
-        argv = [
-            pyinfra_executable(),
-            "-y",
-            self.inventory,
-            "--limit",
-            master,
-            *self.extra,
-            "exec",
-            "--",
-            PG_BACKUP,
-            "backup",
-            "--reason",
-            "upgrade",
-        ]
-        return self.pyinfra(argv).returncode
+        return self.pyinfra(exec_argv(self.inventory, master, self.extra, command)).returncode
 
     def run(self) -> int:
         plans = self.dry_run()
