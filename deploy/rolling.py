@@ -149,8 +149,8 @@ class Record:
     it paused."""
 
     path: Path
-    held: list[str] = field(default_factory=list)
-    paused: list[int] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)
+    paused: set[int] = field(default_factory=set)
 
     @classmethod
     def load(cls, cluster_file: str) -> Record:
@@ -159,11 +159,11 @@ class Record:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             data = {}
-        return cls(path, list(data.get("held") or []), [int(e) for e in data.get("paused") or []])
+        return cls(path, set(data.get("held") or []), {int(e) for e in data.get("paused") or []})
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"held": sorted(set(self.held)), "paused": sorted(set(self.paused))}))
+        self.path.write_text(json.dumps({"held": sorted(self.held), "paused": sorted(self.paused)}))
 
 
 class Rollout:
@@ -240,7 +240,7 @@ class Rollout:
     def drain_batch(self, batch: list[Node]) -> bool:
         for node in batch:
             self.disable(node)
-            self.record.held.append(node.hostname)
+            self.record.held.add(node.hostname)
             self.record.save()
             say(f"{node.hostname}: agents disabled with drain")
         for node in batch:
@@ -248,7 +248,7 @@ class Rollout:
             if left and self.args.pause_experiments:
                 for exp in experiments_of(left):
                     self.master.request("POST", f"/api/v1/experiments/{exp}/pause")
-                    self.record.paused.append(exp)
+                    self.record.paused.add(exp)
                     self.record.save()
                     say(f"{node.hostname}: experiment {exp} paused (it checkpoints and stops)")
                 left = self.drained(node, self.args.timeout)
@@ -261,7 +261,7 @@ class Rollout:
                 )
                 for n in batch:
                     enable_all(self.master, agents_of(n, self.master.agents()))
-                    self.record.held.remove(n.hostname)
+                    self.record.held.discard(n.hostname)
                     self.outcome[n.hostname] = "not changed: did not drain"
                 self.record.save()
                 return False
@@ -285,17 +285,17 @@ class Rollout:
         if enable_all(self.master, agents_of(node, self.master.agents())) is None:
             self.outcome[node.hostname] = "FAILED: the master refused to enable its agents"
             return False
-        self.record.held.remove(node.hostname)
+        self.record.held.discard(node.hostname)
         self.record.save()
         self.outcome[node.hostname] = "upgraded: verify rows green, agents enabled"
         return True
 
     def resume_paused(self) -> None:
-        for exp in list(self.record.paused):
+        for exp in sorted(self.record.paused):
             try:
                 self.master.request("POST", f"/api/v1/experiments/{exp}/activate")
                 say(f"experiment {exp} activated again")
-                self.record.paused.remove(exp)
+                self.record.paused.discard(exp)
             except MasterError as e:
                 say(f"experiment {exp} not activated ({e}): `det experiment activate {exp}`")
         self.record.save()
