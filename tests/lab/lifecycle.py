@@ -8,7 +8,7 @@ from pathlib import Path
 from . import hardware, network, nodes, pins, registry, rootfs, services
 from .paths import DISKS, MIRROR_PORT, NODES
 from .shell import LabError, run
-from .spec import LabNode, LabSpec, ensure_secrets, load_spec
+from .spec import LabNode, LabSpec, ensure_secrets, lab_ssh_key, load_spec
 from .standins import mokutil
 
 NEEDED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen")
@@ -57,9 +57,8 @@ def prepare(cluster_path: Path) -> LabSpec:
     """Everything the model needs to load: secrets and the lab key exist."""
     ensure_secrets(cluster_path)
     registry.ensure_ca()  # sources.registry_ca: checked when cluster.yaml loads
-    spec = load_spec(cluster_path)
-    ensure_ssh_key(spec.ssh_key)
-    return spec
+    ensure_ssh_key(lab_ssh_key(cluster_path))  # ssh.key_file too: a missing key is refused
+    return load_spec(cluster_path)
 
 
 def lab_files(cluster_path: Path, node: LabNode) -> dict[str, str]:

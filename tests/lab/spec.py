@@ -122,6 +122,16 @@ def ensure_secrets(cluster_path: Path) -> list[Path]:
     return made
 
 
+def lab_ssh_key(cluster_path: Path) -> Path:
+    """ssh.key_file, read from the file itself: the model refuses a key file that does not exist
+    (deploy/cluster/ssh.py), and on a new machine the lab makes it before the model can load."""
+    raw = yaml.safe_load(Path(cluster_path).read_text())
+    key = (raw.get("ssh") or {}).get("key_file") if isinstance(raw, dict) else None
+    if not isinstance(key, str) or not key.startswith("/"):
+        raise SystemExit(f"{cluster_path}: ssh.key_file: {key!r}: a lab names its SSH key by absolute path")
+    return Path(key)
+
+
 def load_spec(cluster_path: Path) -> LabSpec:
     from deploy.cluster import load_cluster
 
