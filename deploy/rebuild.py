@@ -40,6 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from deploy import master_http, training
@@ -178,8 +179,10 @@ def pyinfra_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("pyinfra") or "pyinfra")
 
 
-def pyinfra_argv(inventory: Path, hostname: str, extra: list[str]) -> list[str]:
-    return [pyinfra_executable(), "-y", str(inventory), "deploy.py", "--limit", hostname, *extra]
+def pyinfra_argv(inventory: Path | str, hostnames: Sequence[str], extra: list[str]) -> list[str]:
+    """The plain deploy limited to `hostnames` (rebuild's one node, an upgrade's batch)."""
+    limits = [a for name in hostnames for a in ("--limit", name)]
+    return [pyinfra_executable(), "-y", str(inventory), "deploy.py", *limits, *extra]
 
 
 def take_out_of_service(master: Master, node: Node) -> list[str]:
@@ -357,7 +360,7 @@ def rebuild(
     disabled = take_out_of_service(master, node) if "agent" in node.roles else []
     expected = expected_back(node, disabled)
 
-    argv_ = pyinfra_argv(inventory, node.hostname, extra)
+    argv_ = pyinfra_argv(inventory, [node.hostname], extra)
     say(f"deploying {node.hostname}: {' '.join(redact_argv(argv_))}")
     rc = subprocess.run(argv_, cwd=REPO, stdin=subprocess.DEVNULL, check=False).returncode
     if rc != 0:

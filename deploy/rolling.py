@@ -58,6 +58,7 @@ from deploy.rebuild import (
     agents_of,
     enable_all,
     master_back,
+    pyinfra_argv,
     pyinfra_executable,
     registered,
     wait,
@@ -202,10 +203,7 @@ class Rollout:
         return plan_from_dry_run(payload, self.cluster)
 
     def deploy(self, nodes: list[Node]) -> int:
-        limits = [a for n in nodes for a in ("--limit", n.hostname)]
-        return self.pyinfra(
-            [pyinfra_executable(), "-y", self.inventory, "deploy.py", *limits, *self.extra]
-        ).returncode
+        return self.pyinfra(pyinfra_argv(self.inventory, [n.hostname for n in nodes], self.extra)).returncode
 
     def gate(self, node: Node) -> tuple[bool, str]:
         """This node's verify rows (no smoke: its agents are disabled)."""
