@@ -99,6 +99,16 @@ class Cluster:
             "boolean and is refused",
         ),
     ]
+    insecure_http: Annotated[
+        bool,
+        Key(
+            checks.boolean,
+            False,
+            "`true` lets the master and MinIO answer plain HTTP: without `determined.tls` and "
+            "`storage.tls` the admin password, session tokens and checkpoints cross the network "
+            "in clear; `false`: both are required",
+        ),
+    ]
     # Not keys: values derived from the keys above, once, when rules.py builds the model (and on
     # dataclasses.replace); the roles, verify and `experiment` read them, none computes them.
     trial_endpoint: str = field(init=False, compare=False)  # storage.endpoint_url as trials reach it

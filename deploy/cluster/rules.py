@@ -146,6 +146,8 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
                     "the node has no role: list agent, or name it in master_host or storage.host",
                 )
     _port_clashes(r, ssh, master_host, values["master_port"], storage_host, storage, database)
+    if values["insecure_http"] is False:
+        _tls_required(r, top)
 
     if r.problems:
         return None
@@ -163,6 +165,31 @@ def build(r: Reader, raw: object, path: Path) -> Cluster | None:
         hardware=cluster_hw,
         **values,
     )
+
+
+# What crosses the network in clear without each TLS section (the nodes share one flat network
+# with no firewall rules, so any agent can read it: ARP spoofing needs no more).
+PLAIN_HTTP = {
+    "determined": "the admin password (the deploy, verify, rebuild and the drain timer log in with "
+    "it), session tokens and trials' logs go to the master in clear",
+    "storage": "checkpoints and database backups go to MinIO unencrypted",
+}
+
+
+def _tls_required(r: Reader, top: Map) -> None:
+    """determined.tls and storage.tls, unless the file accepts plain HTTP in so many words."""
+    for section, what in PLAIN_HTTP.items():
+        raw = top.raw(section)
+        tls = raw.get("tls") if isinstance(raw, dict) else None
+        written = tls if isinstance(tls, dict) else {}
+        if not isinstance(raw, dict) or written.get("certificate") or written.get("private_key"):
+            continue  # a missing section or half a pair: reported by its own check
+        r.add(
+            f"{section}.tls",
+            "(missing)",
+            f"required unless the file says `insecure_http: true`: without it {what} "
+            "(docs/cluster-yaml.md, TLS)",
+        )
 
 
 def _network(r: Reader, top: Map) -> Network:

@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ CORPUS_SECRET_FILES = {
 # The smallest valid file: everything else comes from defaults.
 MINIMAL = """\
 master_host: m1
+insecure_http: true
 network: {management: 192.0.2.0/24, ipoib: {subnet: 198.51.100.0/24}}
 nodes:
   - {hostname: m1, address: 192.0.2.10, ipoib_address: 198.51.100.10}
@@ -280,6 +282,10 @@ def test_model_lookups(tmp_path, corpus_env):
         c.master_port = 1  # type: ignore[misc]  # frozen
 
 
+def tls_files(stem: str) -> list[tuple[str, str]]:
+    return [("certificate", f"{stem}.crt"), ("private_key", f"{stem}.key"), ("ca_certificate", "ca.crt")]
+
+
 def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeypatch):
     for name in ("DET_MINIO_ACCESS_KEY", "DET_MINIO_SECRET_KEY", "DET_DB_PASSWORD", "DET_ADMIN_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
@@ -306,6 +312,10 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
             f"{f}: storage.secret_key: {{env: DET_MINIO_SECRET_KEY}}: "
             "environment variable DET_MINIO_SECRET_KEY is not set"
         ),
+        *(
+            f"{f}: storage.tls.{key}: {{file: /etc/gpu-cluster/tls/{name}}}: the file does not exist"
+            for key, name in tls_files("minio")
+        ),
         (
             f"{f}: database.password: {{env: DET_DB_PASSWORD}}: "
             "environment variable DET_DB_PASSWORD is not set"
@@ -313,6 +323,10 @@ def test_prod_without_pins_and_secrets_fails_with_exactly_these_problems(monkeyp
         (
             f"{f}: determined.admin_password: {{env: DET_ADMIN_PASSWORD}}: "
             "environment variable DET_ADMIN_PASSWORD is not set"
+        ),
+        *(
+            f"{f}: determined.tls.{key}: {{file: /etc/gpu-cluster/tls/{name}}}: the file does not exist"
+            for key, name in tls_files("master")
         ),
         *(
             f"{f}: determined.task_image.{kind}: '{ref}': has no digest: write "
@@ -333,7 +347,7 @@ def test_prod_is_the_articles_cluster_once_pinned(tmp_path, monkeypatch):
     monkeypatch.setenv("DET_ADMIN_PASSWORD", "Admin-Passw0rd")
     from tests.unit.test_short_yaml import pinned_prod_text
 
-    c = load_cluster(write(tmp_path, pinned_prod_text(PROD.read_text(), PIN)))
+    c = load_cluster(write(tmp_path, pinned_prod_text(PROD.read_text(), PIN, tmp_path / "pki")))
     assert (c.master_host, str(c.master_node.address), c.master_port) == ("gpu-master", "192.168.1.10", 23457)
     assert [(a.hostname, str(a.address), a.slots) for a in c.agents] == [
         ("gpu-node1", "192.168.1.11", 8),
@@ -414,7 +428,6 @@ ODD_VALUES = [
     {"a": 1},
     [{"hostname": 1}],
 ]
-OPTIONAL = {"key_file", "known_hosts_file", "apt_proxy", "prefix", "slots", "agent_layout"}
 
 
 def _paths(doc, path=()):
@@ -429,10 +442,14 @@ def _paths(doc, path=()):
 
 
 def _no_none_left(obj, where="cluster"):
+    """None only in a field whose type says `| None` (deploy/cluster/model.py: "a type is `| None`
+    only where the key may stay unset after loading")."""
     if dataclasses.is_dataclass(obj):
+        hints = typing.get_type_hints(type(obj))
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            assert value is not None or f.name in OPTIONAL, f"{where}.{f.name} is None"
+            optional = type(None) in typing.get_args(hints[f.name])
+            assert value is not None or optional, f"{where}.{f.name} is None"
             _no_none_left(value, f"{where}.{f.name}")
     elif isinstance(obj, tuple):
         for i, item in enumerate(obj):

@@ -161,9 +161,9 @@ def test_pyinfra_with_prod_inventory_from_another_directory(tmp_path):
     problems = [
         line for line in run.stderr.splitlines() if line.startswith(f"{REPO}/inventories/prod/cluster.yaml: ")
     ]
-    # 7 pins (2 keyrings, 2 OFED distros), 4 secrets, 2 image digests, the summary line
-    assert len(problems) == 14
-    assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[10]
+    # 7 pins (2 keyrings, 2 OFED distros), 4 secrets, 6 TLS files, 2 image digests, the summary line
+    assert len(problems) == 20
+    assert "environment variable DET_ADMIN_PASSWORD is not set" in problems[13]
     assert "Traceback" not in output and "Connecting" not in output
 
 

@@ -24,16 +24,35 @@ ENV = {
 }
 
 
-def pinned_prod_text(text: str, pin: str) -> str:
-    """The prod example with every pin an operator writes filled in: the sha256 nulls and the
-    task images' digests."""
+PROD_TLS = "/etc/gpu-cluster/tls/"  # where the prod example's certificates and keys are
+
+
+def prod_pki(directory: Path) -> Path:
+    """The prod example's TLS files under `directory`: one CA, the master's certificate for
+    gpu-master and MinIO's for gpu-master and its address, each key 0600."""
+    from tests.unit.tls_material import make_ca, make_server, write
+
+    directory.mkdir(exist_ok=True)
+    ca = make_ca("prod example CA")
+    write(directory / "ca.crt", ca.cert_pem)
+    for stem, names in (("master", ["gpu-master"]), ("minio", ["gpu-master", "192.168.1.10"])):
+        server = make_server(ca, names, cn=stem)
+        write(directory / f"{stem}.crt", server.cert_pem)
+        write(directory / f"{stem}.key", server.key_pem(), 0o600)
+    return directory
+
+
+def pinned_prod_text(text: str, pin: str, pki: Path) -> str:
+    """The prod example with everything an operator supplies filled in: the sha256 nulls, the
+    task images' digests, and its TLS files (made by prod_pki in `pki`)."""
     text = text.replace(": null   # operator: pin it", f": {pin}")
+    text = text.replace(PROD_TLS, f"{prod_pki(pki)}/")
     return text.replace("-748dda4   # operator: pin it by digest", f"-748dda4@sha256:{pin}")
 
 
 def pinned_prod(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "cluster.yaml"
-    path.write_text(pinned_prod_text(PROD.read_text(), PIN) + extra)
+    path.write_text(pinned_prod_text(PROD.read_text(), PIN, tmp_path / "pki") + extra)
     return path
 
 
@@ -52,7 +71,7 @@ def test_prod_renders_the_short_file(tmp_path, monkeypatch):
         "storage": {
             "type": "s3",
             "bucket": "det-checkpoints",
-            "endpoint_url": "http://gpu-master:9000",
+            "endpoint_url": "https://gpu-master:9000",
             "access_key": {"env": "DET_MINIO_ACCESS_KEY"},
             "secret_key": {"env": "DET_MINIO_SECRET_KEY"},
         },

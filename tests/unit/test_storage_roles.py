@@ -72,6 +72,7 @@ def write_cluster(
     doc = {
         "master_host": "m1",
         "master_port": 23457,
+        "insecure_http": True,  # the TLS tests add their sections to this file
         "network": {"management": "127.0.0.0/24", "ipoib": {"subnet": "10.78.9.0/24"}},
         "nodes": [
             {
