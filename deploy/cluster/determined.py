@@ -34,6 +34,12 @@ class TaskImage:
     ]
 
 
+# The non-admin Determined user verify's smoke experiments run as: roles/determined/users.py
+# makes it, its password kept on the master node in SMOKE_LOGIN (0600 root), read by verify.
+SMOKE_USER = "cluster-smoke"
+SMOKE_LOGIN = "/etc/determined/smoke-user.json"
+
+
 @dataclass(frozen=True)
 class Determined:
     version: Annotated[str, pinned("0.38.0", "the Determined release")]

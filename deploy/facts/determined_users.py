@@ -27,7 +27,8 @@ def program_command(*args: object, tls: tuple[str, str] | None = None) -> str:
 
 class MasterUsers(FactBase):
     """{"master": "up"|"down", "admin": "ok"|"refused"|"inactive"|"unconfigured"|"error",
-    "determined": "active"|"inactive"|"absent"|"unknown"}, or None without python3.
+    "determined": "active"|"inactive"|"absent"|"unknown", "smoke": "ok"|"absent"|"admin"|
+    "inactive"|"refused"|"nofile"|"unknown"}, or None without python3.
 
     The program logs in as admin with the password master.yaml (`config`, 0600) holds, on
     127.0.0.1:`port`, and prints only these words: no password, hash or token leaves the node.

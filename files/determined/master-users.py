@@ -8,11 +8,19 @@ Determined's own client reads them: harness/determined/common/api/certs.py), ove
   status PORT CONFIG          one JSON line and exit 0, no secret in it:
                               {"master": "up"|"down", "admin": "ok"|"refused"|"inactive"|
                                "unconfigured"|"error", "determined": "active"|"inactive"|
-                               "absent"|"unknown"}
+                               "absent"|"unknown", "smoke": "ok"|"absent"|"admin"|"inactive"|
+                               "refused"|"nofile"|"unknown"}
   apply PORT CONFIG [LOGIN]   admin's password made the configured one, `determined`
-                              deactivated; LOGIN is a 0600 JSON file {"username", "password"}
-                              of an admin login that works (DET_USER/DET_PASS), needed only
-                              when admin's password is another
+                              deactivated, the smoke user made; LOGIN is a 0600 JSON file
+                              {"username", "password"} of an admin login that works
+                              (DET_USER/DET_PASS), needed only when admin's password is another
+
+The smoke user (SMOKE_USER): the non-admin user verify's smoke experiments run as. Determined
+hands every task its submitter's session token (DET_USER_TOKEN), so a smoke submitted as admin
+would put an admin token into trial containers. Its login is SMOKE_FILE beside CONFIG (0600
+root, {"username", "password"}): a random password made here once, never shown; verify reads
+it from the node as it reads master.yaml. The user is created (PostUser) or repaired (PatchUser:
+not admin, active, that password) through admin's session.
 
 The configured password is master.yaml's security.initial_user_password (CONFIG: 0600 root,
 a JSON string written by roles/determined/master.py), where the node already holds it.
@@ -35,6 +43,8 @@ import time
 import urllib.error
 import urllib.request
 
+SMOKE_USER = "cluster-smoke"  # deploy/cluster/determined.py SMOKE_USER
+SMOKE_FILE = "smoke-user.json"  # beside CONFIG: /etc/determined/smoke-user.json
 SALT = "GubPEmmotfiK9TMD6Zdw"  # authentication.py PASSWORD_SALT; user/passwords.go on the master
 WAIT = 120  # seconds the master may take to answer (a restart after a configuration change)
 
@@ -152,8 +162,51 @@ def determined_state(users):
     return "active" if user.get("active") else "inactive"
 
 
-def status(master, password):
-    state = {"master": "down", "admin": "error", "determined": "unknown"}
+def smoke_login(config):
+    """The smoke user's login ({"username", "password"}) from SMOKE_FILE, or None."""
+    try:
+        with open(os.path.join(os.path.dirname(config), SMOKE_FILE)) as f:
+            login = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(login, dict) and login.get("username") == SMOKE_USER and login.get("password")
+    return login if ok else None
+
+
+def new_smoke_login(config):
+    """A random password for the smoke user (Determined's policy: upper, lower and a digit),
+    written to SMOKE_FILE 0600 before any user has it."""
+    login = {"username": SMOKE_USER, "password": "Smoke-" + os.urandom(18).hex() + "-7"}
+    path = os.path.join(os.path.dirname(config), SMOKE_FILE)
+    temp = path + ".new"
+    if os.path.exists(temp):
+        os.unlink(temp)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(login, f)
+    os.replace(temp, path)
+    return login
+
+
+def smoke_state(master, users, login):
+    user = users.get(SMOKE_USER)
+    if user is None:
+        return "absent"
+    if user.get("admin"):
+        return "admin"
+    if not user.get("active"):
+        return "inactive"
+    if login is None:
+        return "nofile"
+    code, body = master.login(SMOKE_USER, login["password"])
+    if code != 200:
+        return "refused"
+    master.logout(body["token"])
+    return "ok"
+
+
+def status(master, password, config):
+    state = {"master": "down", "admin": "error", "determined": "unknown", "smoke": "unknown"}
     if password is None:
         state["admin"] = "unconfigured"
         return state
@@ -165,7 +218,9 @@ def status(master, password):
         state["admin"] = "ok"
         listed, users = master.call("GET", "/api/v1/users", token=body["token"])
         if listed == 200:
-            state["determined"] = determined_state({u.get("username"): u for u in users.get("users") or []})
+            by_name = {u.get("username"): u for u in users.get("users") or []}
+            state["determined"] = determined_state(by_name)
+            state["smoke"] = smoke_state(master, by_name, smoke_login(config))
         master.logout(body["token"])
     elif code == 401:
         state["admin"] = "refused"
@@ -227,11 +282,43 @@ def admin_token(master, password, login_path):
     return body["token"]
 
 
-def apply(master, password, login_path):
+def ensure_smoke_user(master, token, users, config):
+    """The smoke user exists, is active, is no admin and logs in with SMOKE_FILE's password."""
+    login = smoke_login(config)
+    user = users.get(SMOKE_USER)
+    if user is None:
+        login = login or new_smoke_login(config)
+        body = {
+            "user": {"username": SMOKE_USER, "admin": False, "active": True},
+            "password": salt_and_hash(login["password"]),
+            "isHashed": True,
+        }
+        code, answer = master.call("POST", "/api/v1/users", body, token)
+        if code != 200:
+            die(f"creating the user {SMOKE_USER} (POST /api/v1/users): {reason(code, answer)}")
+        print(f"{SMOKE_USER}: created, not an admin (verify's smoke experiments run as it)")
+        return
+    fields = {}
+    if user.get("admin"):
+        fields["admin"] = False
+    if not user.get("active"):
+        fields["active"] = True
+    # 403 is the right password of an inactive user (api_auth.go Login checks it first).
+    if login is None or master.login(SMOKE_USER, login["password"])[0] not in (200, 403):
+        login = login or new_smoke_login(config)
+        fields.update({"password": salt_and_hash(login["password"]), "isHashed": True})
+    if fields:
+        master.patch(token, user, fields, f"repairing the user {SMOKE_USER}")
+        print(f"{SMOKE_USER}: {', '.join(sorted(k for k in fields if k != 'isHashed'))} set")
+
+
+def apply(master, password, login_path, config):
     if password is None:
         die("no security.initial_user_password in the master's configuration")
     token = admin_token(master, password, login_path)
-    user = master.users(token).get("determined")
+    users = master.users(token)
+    ensure_smoke_user(master, token, users, config)
+    user = users.get("determined")
     if user is not None and user.get("active"):
         # Its own password first: the built-in user was given admin's (security.
         # initial_user_password sets both), and nobody is to hold this one.
@@ -248,9 +335,9 @@ def main(argv):
     master = Master(int(argv[2]))
     password = configured(argv[3])
     if argv[1] == "status":
-        print(json.dumps(status(master, password), sort_keys=True))
+        print(json.dumps(status(master, password, argv[3]), sort_keys=True))
     else:
-        apply(master, password, argv[4] if len(argv) > 4 else None)
+        apply(master, password, argv[4] if len(argv) > 4 else None, argv[3])
 
 
 if __name__ == "__main__":

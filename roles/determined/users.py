@@ -13,7 +13,12 @@ over https, checking master_host against /etc/determined/certs/master-ca.crt):
 - determined: deactivated (Determined's docs/manage/users.rst: "To ensure that no one can
   access the Determined cluster as the determined user, deactivate it"), and its password,
   admin's initial one, replaced by a random one nobody holds.
-The state is read first (MasterUsers: three words, no secret), so a second deploy changes
+- cluster-smoke (SMOKE_USER): created without admin rights, for verify's smoke experiments.
+  Determined gives every task its submitter's session token (DET_USER_TOKEN,
+  master/pkg/tasks/task.go), so a smoke submitted as admin would hand an admin token to every
+  trial container and to whoever controls the task image. Its password is made on the master
+  node once, kept in /etc/determined/smoke-user.json (0600 root) and read from there by verify.
+The state is read first (MasterUsers: four words, no secret), so a second deploy changes
 nothing. DET_USER/DET_PASS reach the node only in a 0600 file that exists for one command.
 """
 
@@ -28,6 +33,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, deploy, operation
 
 from deploy.cluster import Cluster, Node
+from deploy.cluster.determined import SMOKE_USER
 from deploy.facts.determined_users import MasterUsers, program_command
 from roles.determined import tls as determined_tls
 from roles.determined.master import MASTER_YAML
@@ -50,7 +56,11 @@ def operator_login() -> dict | None:
 
 def settled(state: dict | None) -> bool:
     state = state or {}
-    return state.get("admin") == "ok" and state.get("determined") in ("inactive", "absent")
+    return (
+        state.get("admin") == "ok"
+        and state.get("determined") in ("inactive", "absent")
+        and state.get("smoke") == "ok"
+    )
 
 
 @operation()
@@ -61,7 +71,10 @@ def built_in_users(port: int, config: str, cert_name: str = "", cert_file: str =
     over_tls = {"cert_name": cert_name, "cert_file": cert_file} if tls else {}
     state = host.get_fact(MasterUsers, port=port, config=config, **over_tls)
     if settled(state):
-        host.noop("admin logs in with determined.admin_password; the determined user is inactive")
+        host.noop(
+            f"admin logs in with determined.admin_password; the determined user is inactive; "
+            f"{SMOKE_USER} is no admin and logs in"
+        )
         return
     if not state or state.get("admin") not in ("refused", "inactive"):
         # First start (the password already applies) or only `determined` to deactivate; the
@@ -86,7 +99,10 @@ def built_in_users(port: int, config: str, cert_name: str = "", cert_file: str =
 @deploy("Determined users")
 def apply(cluster: Cluster, node: Node) -> None:
     built_in_users(
-        name="Determined users: admin's password is determined.admin_password, `determined` inactive",
+        name=(
+            "Determined users: admin's password is determined.admin_password, `determined` "
+            f"inactive, {SMOKE_USER} (verify's smoke) no admin"
+        ),
         port=cluster.master_port,
         config=MASTER_YAML,
         # master-ca.crt is on the master node too (roles/determined/tls.py).

@@ -37,6 +37,7 @@ import pytest
 from minio.deleteobjects import DeleteObject
 
 from deploy import s3
+from deploy.cluster.determined import SMOKE_USER
 from deploy.cluster.images import site_ref
 from tests.verify import smoke_client as sc
 from tests.verify.master_api import _http, _master_url, admin_token
@@ -90,6 +91,13 @@ def test_smoke_rows_green(deployed, lab, tmp_path):
     assert rows == {SAVE: "ok", RESTORE: "ok", ALLREDUCE: "ok", SINGLE: "ok"}, out[-4000:]
     assert "--> smoke: allreduce ok in" in out and "archived" in out, out[-2000:]
     assert leftovers(lab) == []
+    # Submitted as the non-admin smoke user: each trial's DET_USER_TOKEN is a session of its
+    # experiment's owner (master/pkg/tasks/task.go; the stand-in's lab_trials.py likewise).
+    status, listed = _http(
+        f"{_master_url(lab)}/api/v1/experiments?name=verify-smoke-&limit=100", token=admin_token(lab)
+    )
+    owners = {e["username"] for e in listed["experiments"]} if status == 200 else {f"HTTP {status}"}
+    assert owners == {SMOKE_USER}, owners
     print(f"smoke on the lab: {seconds:.1f}s for `verify -k test_smoke` (rows: {out.count(' ok in ')} ok)")
 
 

@@ -14,6 +14,7 @@ import urllib.request
 
 import yaml
 
+from deploy.cluster.determined import SMOKE_USER
 from roles.determined.users import REFUSED
 
 from .conftest import run_verify
@@ -49,7 +50,10 @@ def test_built_in_users_after_the_deploy(deployed, lab):
     password = lab.determined.admin_password.value
     assert login(lab, "admin", "") == 401
     assert login(lab, "admin", password) == 200
-    assert users(lab, password)["determined"]["active"] is False
+    listed = users(lab, password)
+    assert listed["determined"]["active"] is False
+    # verify's smoke user: made by the deploy, active, no admin (its trials hold its token).
+    assert listed[SMOKE_USER]["active"] is True and listed[SMOKE_USER]["admin"] is False
     # Its password is no longer admin's initial one: refused as a wrong password, not as inactive.
     assert login(lab, "determined", password) == 401
     assert login(lab, "determined", "") == 401

@@ -21,7 +21,7 @@ from roles.determined import users as determined_users
 from tests.unit.optest import Facts, run_op
 from tests.unit.test_standin_determined import MasterProcess, _psql, base_config, postgres  # noqa: F401
 
-SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
+SETTLED = {"master": "up", "admin": "ok", "determined": "inactive", "smoke": "ok"}
 OPERATOR_PASSWORD = "Old-Passw0rd 'with' $(quotes)"
 
 
@@ -93,7 +93,9 @@ def test_det_user_defaults_to_admin(monkeypatch):
 
 def test_fact_parses_the_program_line_and_nothing_else():
     fact = MasterUsers()
-    assert fact.process(['{"admin": "ok", "determined": "inactive", "master": "up"}']) == SETTLED
+    assert (
+        fact.process(['{"admin": "ok", "determined": "inactive", "master": "up", "smoke": "ok"}']) == SETTLED
+    )
     assert fact.process(["Traceback (most recent call last):"]) is None
     command = fact.command(port=8080, config="/etc/determined/master.yaml")
     assert command.startswith("python3 -c '") and command.endswith(
@@ -158,12 +160,44 @@ def test_program_against_the_standin(tmp_path, database):
         master.wait_healthy()
         port = master.port
         # First start: both built-in users have the initial password (core.go).
-        assert status(port, conf) == {"master": "up", "admin": "ok", "determined": "active"}
+        assert status(port, conf) == {
+            "master": "up",
+            "admin": "ok",
+            "determined": "active",
+            "smoke": "absent",
+        }
         assert login(master, "determined", first) == 200
         run = program("apply", port, conf)
         assert run.returncode == 0, run.stderr
-        assert run.stdout.splitlines() == ["determined: deactivated, with a random password nobody holds"]
+        assert run.stdout.splitlines() == [
+            "cluster-smoke: created, not an admin (verify's smoke experiments run as it)",
+            "determined: deactivated, with a random password nobody holds",
+        ]
         assert status(port, conf) == SETTLED
+        # The smoke user's login: 0600 beside master.yaml, a password nobody typed, no admin.
+        smoke_file = tmp_path / "smoke-user.json"
+        assert smoke_file.stat().st_mode & 0o777 == 0o600
+        smoke = json.loads(smoke_file.read_text())
+        assert smoke["username"] == "cluster-smoke" and smoke["password"] not in run.stdout + run.stderr
+        code, body = master.request(
+            "POST", "/api/v1/auth/login", {"username": "cluster-smoke", "password": smoke["password"]}
+        )
+        assert code == 200 and body["user"]["admin"] is False and body["user"]["active"] is True
+        # Made an admin, deactivated, or its file lost: the status says so and apply repairs it.
+        _, admin_login = master.login(first)
+        smoke_id = body["user"]["id"]
+        master.request("PATCH", f"/api/v1/users/{smoke_id}", {"admin": True}, admin_login["token"])
+        assert status(port, conf)["smoke"] == "admin"
+        master.request(
+            "PATCH", f"/api/v1/users/{smoke_id}", {"admin": False, "active": False}, admin_login["token"]
+        )
+        assert status(port, conf)["smoke"] == "inactive"
+        assert program("apply", port, conf).stdout.splitlines() == ["cluster-smoke: active set"]
+        smoke_file.unlink()
+        assert status(port, conf)["smoke"] == "nofile"
+        assert program("apply", port, conf).stdout.splitlines() == ["cluster-smoke: password set"]
+        assert status(port, conf) == SETTLED
+        assert login(master, "cluster-smoke", smoke["password"]) == 401  # the lost one
         # Blank and wrong passwords: 401; determined no longer takes admin's initial password.
         for user, password in (("admin", ""), ("determined", ""), ("determined", first)):
             assert login(master, user, password) == 401, (user, password)
@@ -172,7 +206,12 @@ def test_program_against_the_standin(tmp_path, database):
 
         # determined.admin_password changed in cluster.yaml: master.yaml says the new one.
         changed = master_yaml(tmp_path / "changed.yaml", second)
-        assert status(port, changed) == {"master": "up", "admin": "refused", "determined": "unknown"}
+        assert status(port, changed) == {
+            "master": "up",
+            "admin": "refused",
+            "determined": "unknown",
+            "smoke": "unknown",
+        }
         refused = program("apply", port, changed)
         assert refused.returncode == 1 and refused.stdout == ""
         assert len(refused.stderr.strip().splitlines()) == 1 and "DET_USER/DET_PASS" in refused.stderr
@@ -217,6 +256,21 @@ def test_standin_user_endpoints_refuse_as_the_real_master(tmp_path, database):
             "POST", "/api/v1/auth/login", {"username": "determined", "password": "Admin-Passw0rd"}
         )
         determined = body["token"]
+        # PostUser: admins only (CanCreateUser), a taken name is echo's error as Internal.
+        new_user = {"user": {"username": "alice", "admin": False, "active": True}, "password": "Al1ce-pass"}
+        code, body = master.request("POST", "/api/v1/users", new_user, determined)
+        assert code == 403 and body["error"]["error"] == "only admin privileged users can create users"
+        code, body = master.request("POST", "/api/v1/users", new_user, admin)
+        assert code == 200 and body["user"]["username"] == "alice" and body["user"]["admin"] is False
+        assert login(master, "alice", "Al1ce-pass") == 200
+        code, body = master.request("POST", "/api/v1/users", new_user, admin)
+        assert code == 500 and body["error"] == {
+            "code": 13,
+            "reason": "Internal",
+            "error": "code=400, message=user already exists",
+        }
+        code, body = master.request("POST", "/api/v1/users", {"user": {"username": "x"}}, admin)
+        assert code == 400 and body["error"]["error"] == "Display name or username value has minimum length."
         # basic authz: a non-admin may not deactivate anyone (CanSetUsersActive).
         code, body = master.request(
             "PATCH", f"/api/v1/users/{users['admin']['id']}", {"active": False}, determined

@@ -575,7 +575,7 @@ def docker_deployed(cluster, node, cold) -> Facts:
 # --- roles/determined/users.py, roles/determined/task_images.py: what the master and Docker report -------
 
 MASTER_STARTING = {"master": "down", "admin": "error", "determined": "unknown"}  # just installed
-MASTER_SETTLED = {"master": "up", "admin": "ok", "determined": "inactive"}
+MASTER_SETTLED = {"master": "up", "admin": "ok", "determined": "inactive", "smoke": "ok"}
 
 
 def users_fresh(cluster, node) -> dict:
@@ -846,7 +846,8 @@ CASES = [
         users_fresh,
         users_deployed,
         {
-            "Determined users: admin's password is determined.admin_password, `determined` inactive": [
+            "Determined users: admin's password is determined.admin_password, `determined` inactive, "
+            "cluster-smoke (verify's smoke) no admin": [
                 "python3 -c",
                 " apply 23457 /etc/determined/master.yaml",
             ]

@@ -58,6 +58,36 @@ def admin_token(cluster) -> str:
     return body["token"]
 
 
+def smoke_login(master_host) -> dict:
+    """The smoke user's login as the deploy left it on the master node (SMOKE_LOGIN, 0600 root:
+    roles/determined/users.py), read over verify's SSH as master.yaml is."""
+    from deploy.cluster.determined import SMOKE_LOGIN, SMOKE_USER
+
+    f = master_host.file(SMOKE_LOGIN)
+    if not f.exists:
+        raise AssertionError(
+            f"no {SMOKE_LOGIN} on the master node: the deploy makes {SMOKE_USER}; deploy again"
+        )
+    try:
+        login = json.loads(f.content_string)
+    except ValueError:
+        raise AssertionError(f"{SMOKE_LOGIN} on the master node is not JSON: deploy again") from None
+    if not isinstance(login, dict) or login.get("username") != SMOKE_USER or not login.get("password"):
+        raise AssertionError(f"{SMOKE_LOGIN} on the master node names no {SMOKE_USER} login: deploy again")
+    return login
+
+
+def smoke_token(cluster, master_host) -> str:
+    """A session token of the smoke user, the non-admin user verify's smoke experiments run as:
+    every task gets its submitter's token (DET_USER_TOKEN), so trial containers never hold admin's.
+    Raised, not asserted, as admin_token."""
+    login = smoke_login(master_host)
+    status, body = _http(f"{_master_url(cluster)}/api/v1/auth/login", login)
+    if status != 200:
+        raise AssertionError(f"login as {login['username']} -> {status} (its password on the master node)")
+    return body["token"]
+
+
 def list_agents(cluster, token: str | None = None) -> list[dict]:
     """GET /api/v1/agents (as admin unless a token is given). Raised, not asserted, as
     admin_token."""

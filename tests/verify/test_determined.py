@@ -23,7 +23,15 @@ from deploy import determined_node, master_http
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.postgresql import RoleVerifier
 from deploy.postgresql_node import DIGEST_KEY, MIN_CONNECTIONS, MIN_MAJOR, hmac_key, password_matches
-from tests.verify.master_api import _agents_of, _enabled_slots, _http, _master_url, _slot_count, admin_token
+from tests.verify.master_api import (
+    _agents_of,
+    _enabled_slots,
+    _http,
+    _master_url,
+    _slot_count,
+    admin_token,
+    smoke_token,
+)
 from tests.verify.master_config import differences, expected_master_yaml, expected_task_container_defaults
 from tests.verify.test_storage import parse_env_file
 
@@ -310,6 +318,18 @@ def test_determined_user_inactive(cluster):
     assert active == [], "the built-in user determined is active"
     status, _ = _login(cluster, "determined", cluster.determined.admin_password.value)
     assert status != 200, "determined logs in with determined.admin_password"
+
+
+def test_smoke_user_is_no_admin(cluster, host_of):
+    """The smoke experiments' user logs in with the password the deploy left on the master node
+    and is no admin: the session token Determined hands its trials is not an admin's."""
+    from deploy.cluster.determined import SMOKE_USER
+
+    token = smoke_token(cluster, host_of(cluster.master_node))
+    status, me = _http(f"{_master_url(cluster)}/api/v1/me", token=token)
+    assert status == 200, f"GET /api/v1/me as {SMOKE_USER} -> {status}"
+    assert me["user"]["username"] == SMOKE_USER and me["user"]["active"], me["user"]
+    assert not me["user"]["admin"], f"{SMOKE_USER} is an admin: its trials would hold an admin token"
 
 
 # --- agents -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from minio.error import S3Error
 from deploy import s3
 from deploy.experiment import smoke
 from deploy.experiment.target import load
-from tests.verify.master_api import _master_url, admin_token
+from tests.verify.master_api import _master_url, smoke_token
 from tests.verify.matrix import P_HINT, P_SEEN
 from tests.verify.smoke_client import FAIL, SKIP, Api, Smoke, node_of_agent
 
@@ -114,7 +114,9 @@ def smoke_run(request, pytestconfig, cluster):
     request.getfixturevalue("registered_agents")
     target = load(pytestconfig.getoption("--cluster"))
     run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    api = Api(_master_url(cluster), admin_token(cluster))
+    # As the non-admin smoke user: the trials get its token, not admin's (master/pkg/tasks/task.go).
+    master_host = request.getfixturevalue("host_of")(cluster.master_node)
+    api = Api(_master_url(cluster), smoke_token(cluster, master_host))
     node_of = node_of_agent({n.hostname for n in cluster.agents})
     runner = Smoke(api, target, run_id, remover(cluster), node_of, journal(cluster, request))
     rows = runner.run()
