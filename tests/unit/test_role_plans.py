@@ -932,7 +932,7 @@ CASES = [
             "Install determined-master 0.38.0 (sha256-pinned)": [
                 "shared/fetch-verified.sh",
                 "determined-master_0.38.0_linux_amd64.deb",
-                "fbcd57b4667e22e59ad69830f817868aa083c646fad307acc7f8137f01572ddd",
+                "63d535d7f7c9855d4c10d5ae868a6f22f8b8a235e002eed20be8cdcb4e55d418",
             ],
             # No "Restart the master for its new configuration": the install starts it anew.
             "Master enabled and running": ["systemctl enable determined-master.service"],
