@@ -305,7 +305,7 @@ HINTS: dict[str, Hint] = {
         "`det -u admin user change-password USER` (or `det -u admin user deactivate USER`) "
         "for each user the check names; " + REDEPLOY + " for admin",
     ),
-    "test_smoke_user_is_no_admin": Hint(
+    "test_trial_submitter_is_no_admin": Hint(
         "verify's smoke user (cluster-smoke) does not log in with the password the deploy left "
         "in /etc/determined/smoke-user.json, is inactive, or is an admin (then every smoke trial "
         "would hold an admin session token)",

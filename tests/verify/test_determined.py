@@ -320,7 +320,7 @@ def test_determined_user_inactive(cluster):
     assert status != 200, "determined logs in with determined.admin_password"
 
 
-def test_smoke_user_is_no_admin(cluster, host_of):
+def test_trial_submitter_is_no_admin(cluster, host_of):
     """The smoke experiments' user logs in with the password the deploy left on the master node
     and is no admin: the session token Determined hands its trials is not an admin's."""
     from deploy.cluster.determined import SMOKE_USER
