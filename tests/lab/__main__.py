@@ -1,4 +1,10 @@
-"""python -m tests.lab [--cluster FILE] up|down|status|recreate NODE|ssh NODE [CMD...]"""
+"""python -m tests.lab [--cluster FILE] up|warm|down|status|recreate NODE|ssh NODE [CMD...]
+
+`warm` is `up` and then the plain deploy (pyinfra -y INVENTORY deploy.py, its output in the
+lab's log directory, warm-deploy.log): what the lab tests' first fixture does, started in the
+background while the unit tests run (the README's test command), so that the lab tests find
+the lab deployed and their own first deploy changes nothing.
+"""
 
 import argparse
 import os
@@ -12,6 +18,31 @@ from .paths import DEFAULT_CLUSTER
 from .shell import LabError
 
 
+def warm(cluster: Path) -> int:
+    """up, then the plain deploy; its status (the lab tests deploy again and report a failure)."""
+    import subprocess
+    import time
+
+    from .conftest import _inventory_for
+    from .paths import LOGS, REPO
+
+    started = time.monotonic()
+    lifecycle.up(cluster)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / "warm-deploy.log"
+    with log.open("w") as out:
+        rc = subprocess.run(
+            [str(Path(sys.executable).parent / "pyinfra"), "-y", str(_inventory_for(cluster)), "deploy.py"],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
+    print(f"lab warm: up and deployed in {time.monotonic() - started:.0f}s (deploy exit status {rc}; {log})")
+    return rc
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__)
     parser.add_argument(
@@ -22,6 +53,7 @@ def main(argv=None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="build what is missing and boot every node (idempotent)")
+    sub.add_parser("warm", help="up, then deploy the lab (what the lab tests start from)")
     sub.add_parser("down", help="stop and remove every node, namespace, bridge and mount")
     sub.add_parser("status", help="one line per node")
     rec = sub.add_parser("recreate", help="give one node a blank root filesystem")
@@ -43,6 +75,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "up":
             lifecycle.up(args.cluster)
+        elif args.command == "warm":
+            return warm(args.cluster)
         elif args.command == "down":
             lifecycle.down(args.cluster)
         elif args.command == "recreate":

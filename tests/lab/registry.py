@@ -801,7 +801,10 @@ def update_cluster_yaml(cluster_path: Path, pinned: dict[str, str]) -> list[str]
     text = cluster_path.read_text()
     new, changed = rewrite_task_images(text, pinned)
     if new != text:
-        cluster_path.write_text(new)
+        # Atomically: the unit tests may read the file while `python -m tests.lab warm` runs.
+        temp = cluster_path.with_name(f".{cluster_path.name}.new")
+        temp.write_text(new)
+        os.replace(temp, cluster_path)
     return changed
 
 

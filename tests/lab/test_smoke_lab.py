@@ -357,20 +357,24 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
         assert status == 200 and all(a["enabled"] for a in json.loads(body)["agents"]), body
 
         # The rolling path applies the memlock change the plain deploy refused (#37 items 1, 4):
-        # one agent node at a time, its experiment paused past a short drain and activated
-        # again; the master's agent list polled throughout: never two nodes out at once.
+        # a canary node alone, then the other two as one batch (--max-unavailable 2), each
+        # node's experiment paused past a short drain and activated again; the master's agent
+        # list polled throughout: never more nodes out at once than the batch.
+        canary, *rest = [a.hostname for a in lab.agents]
         most_out, stop = rolling_poller(lab, api)
         try:
             rolled = subprocess.run(
                 [sys.executable, "-m", "deploy", "upgrade", "--cluster", str(changed), "-y",
-                 "--pause-experiments", "--drain-timeout", "5", "--timeout", "120"],
+                 "--pause-experiments", "--drain-timeout", "5", "--timeout", "120",
+                 "--canary", canary, "--max-unavailable", "2"],
                 cwd=REPO, capture_output=True, text=True, timeout=900, check=False, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
             stop()
         assert rolled.returncode == 0, rolled.stderr[-5000:]
         print(rolled.stderr[-2500:])
-        assert most_out == [1], most_out
+        assert f"step 1/2: {canary}\n" in rolled.stderr and f"step 2/2: {', '.join(rest)}\n" in rolled.stderr
+        assert most_out == [len(rest)], most_out
         for agent in lab.agents:
             assert f"{agent.hostname}: upgraded: verify rows green, agents enabled" in rolled.stderr
             assert '"Soft": 4194304' in lab_ssh(agent.hostname, "cat /etc/docker/daemon.json").stdout

@@ -1,10 +1,16 @@
 """verify again and again on the healthy lab: never a red cell on a node that is not broken.
 
-Ten runs in a row, then a reboot of the master node (Determined's master, PostgreSQL, MinIO
-and the backup timer all come back on their own), then three runs more. Each run is verify's
+Four runs in a row, then a reboot of the master node (Determined's master, PostgreSQL, MinIO
+and the backup timer all come back on their own), then two runs more. Each run is verify's
 checks without the smoke (its rows run in tests/lab/test_smoke_lab.py), in parallel as an
 operator's CI would run it; a red cell in any run fails the soak, naming the run and the
 cells. The wall times go to the lab's log directory (verify-soak.txt) and are printed.
+
+Not more runs: the other lab tests run the whole of verify a dozen times more on a lab broken
+only where they broke it (tests/lab/test_day_two_lab.py, test_gpu_services_lab.py,
+test_health_lab.py, test_node_base_lab.py, test_tls_lab.py, test_trial_container_lab.py,
+test_verify_breaks_lab.py, test_dead_node_lab.py), each failing on any other red cell; this
+test adds runs in a row and the master's reboot, at 15 s a run.
 """
 
 import json
@@ -16,7 +22,7 @@ from .paths import LOGS
 from .test_day_two_lab import wait_registered
 from .test_gpu_stack_lab import reboot_and_wait
 
-BEFORE, AFTER = 10, 3
+BEFORE, AFTER = 4, 2
 
 
 def _verify(tmp_path, name: str) -> tuple[float, set[str], str]:
