@@ -361,13 +361,37 @@ def test_busy_cluster_smoke_rows_say_busy_and_a_deploy_keeps_the_trials(deployed
         # node's experiment paused past a short drain and activated again; the master's agent
         # list polled throughout: never more nodes out at once than the batch.
         canary, *rest = [a.hostname for a in lab.agents]
+        upgrade = [
+            sys.executable, "-m", "deploy", "upgrade", "--cluster", str(changed), "-y",
+            "--pause-experiments", "--drain-timeout", "5", "--timeout", "120",
+            "--canary", canary, "--max-unavailable", "2",
+        ]  # fmt: skip
         most_out, stop = rolling_poller(lab, api)
         try:
+            # First a change the canary cannot take: 16 MiB, above the lab machines' hard limit
+            # (runc: "error setting rlimit type 8"), so its trial-container rows turn red. The
+            # rollout stops at the canary's gate (exit 1): the canary stays disabled, the other
+            # nodes keep their file and their agents, the paused experiments run again.
+            changed.write_text(text.replace("memlock_bytes: 8388608\n", "memlock_bytes: 16777216\n"))
+            failed = subprocess.run(
+                upgrade, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            assert failed.returncode == 1, failed.stderr[-5000:]
+            assert f"{canary}: FAILED: its verify rows are red (above); it stays disabled" in failed.stderr
+            assert f"resume with: python -m deploy {' '.join(upgrade[3:])}\n" in failed.stderr
+            for other in rest:
+                assert f"    {other}: unchanged" in failed.stderr, failed.stderr[-3000:]
+                assert '"Soft": 8388608' in lab_ssh(other, "cat /etc/docker/daemon.json").stdout
+            status, body = api.call("GET", "/api/v1/agents")
+            out = sorted({n.hostname for n in lab.agents for a in json.loads(body)["agents"]
+                          if n.owns_agent(a["id"]) and not a["enabled"]})  # fmt: skip
+            assert out == [canary], out
+            # The operator fixes the file and runs the same command: the held canary first.
+            changed.write_text(text.replace("memlock_bytes: 8388608\n", "memlock_bytes: 4194304\n"))
             rolled = subprocess.run(
-                [sys.executable, "-m", "deploy", "upgrade", "--cluster", str(changed), "-y",
-                 "--pause-experiments", "--drain-timeout", "5", "--timeout", "120",
-                 "--canary", canary, "--max-unavailable", "2"],
-                cwd=REPO, capture_output=True, text=True, timeout=900, check=False, stdin=subprocess.DEVNULL,
+                upgrade, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+                stdin=subprocess.DEVNULL,
             )  # fmt: skip
         finally:
             stop()
