@@ -31,6 +31,7 @@ with {"password", "isHashed"} or {"active": false}. Standard library only (Pytho
 Ubuntu 20.04); secrets are read from files, never taken from the command line.
 """
 
+import contextlib
 import functools
 import hashlib
 import http.client
@@ -163,13 +164,22 @@ def determined_state(users):
 
 
 def smoke_login(config):
-    """The smoke user's login ({"username", "password"}) from SMOKE_FILE, or None."""
+    """The smoke user's login ({"username", "password"}) from SMOKE_FILE, or None (also when
+    others may read the file: the login is made again, 0600)."""
     try:
         with open(os.path.join(os.path.dirname(config), SMOKE_FILE)) as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                return None
             login = json.load(f)
     except (OSError, ValueError):
         return None
-    ok = isinstance(login, dict) and login.get("username") == SMOKE_USER and login.get("password")
+    password = login.get("password") if isinstance(login, dict) else None
+    ok = (
+        isinstance(login, dict)
+        and login.get("username") == SMOKE_USER
+        and isinstance(password, str)
+        and password
+    )
     return login if ok else None
 
 
@@ -179,8 +189,8 @@ def new_smoke_login(config):
     login = {"username": SMOKE_USER, "password": "Smoke-" + os.urandom(18).hex() + "-7"}
     path = os.path.join(os.path.dirname(config), SMOKE_FILE)
     temp = path + ".new"
-    if os.path.exists(temp):
-        os.unlink(temp)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp)  # a stale one (or a link left there): O_EXCL below creates it afresh
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(login, f)
@@ -317,7 +327,6 @@ def apply(master, password, login_path, config):
         die("no security.initial_user_password in the master's configuration")
     token = admin_token(master, password, login_path)
     users = master.users(token)
-    ensure_smoke_user(master, token, users, config)
     user = users.get("determined")
     if user is not None and user.get("active"):
         # Its own password first: the built-in user was given admin's (security.
@@ -326,6 +335,8 @@ def apply(master, password, login_path, config):
         fields = {"active": False, "password": random, "isHashed": True}
         master.patch(token, user, fields, "deactivating the determined user")
         print("determined: deactivated, with a random password nobody holds")
+    # After `determined`: a smoke user the master refuses to make must not leave it active.
+    ensure_smoke_user(master, token, users, config)
     master.logout(token)
 
 

@@ -170,8 +170,8 @@ def test_program_against_the_standin(tmp_path, database):
         run = program("apply", port, conf)
         assert run.returncode == 0, run.stderr
         assert run.stdout.splitlines() == [
-            "cluster-smoke: created, not an admin (verify's smoke experiments run as it)",
             "determined: deactivated, with a random password nobody holds",
+            "cluster-smoke: created, not an admin (verify's smoke experiments run as it)",
         ]
         assert status(port, conf) == SETTLED
         # The smoke user's login: 0600 beside master.yaml, a password nobody typed, no admin.
@@ -235,6 +235,32 @@ def test_program_against_the_standin(tmp_path, database):
     finally:
         master.kill()
     assert second not in (tmp_path / "master.log").read_text()
+
+
+@pytest.mark.pg
+def test_a_smoke_user_the_master_will_not_repair_leaves_determined_deactivated(tmp_path, database):
+    """The smoke user comes after `determined`: a remote cluster-smoke (its password cannot be
+    set) fails the run with one line, and `determined` is inactive all the same."""
+    config = base_config(tmp_path, database["port"])
+    config["db"] = dict(database)
+    conf = master_yaml(tmp_path / "deployed.yaml", "Admin-Passw0rd")
+    master = MasterProcess(tmp_path, config)
+    try:
+        master.wait_healthy()
+        _, body = master.login("Admin-Passw0rd")
+        remote = {"user": {"username": "cluster-smoke", "admin": False, "active": True, "remote": True}}
+        assert master.request("POST", "/api/v1/users", remote, body["token"])[0] == 200
+        run = program("apply", master.port, conf)
+        assert run.returncode == 1 and "repairing the user cluster-smoke" in run.stderr, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1
+        assert status(master.port, conf)["determined"] == "inactive"
+        # A login file others may read counts as none (apply makes a new one, 0600).
+        smoke_file = tmp_path / "smoke-user.json"
+        smoke_file.write_text(json.dumps({"username": "cluster-smoke", "password": "Seen-by-all-1"}))
+        smoke_file.chmod(0o644)
+        assert status(master.port, conf)["smoke"] == "nofile"
+    finally:
+        master.kill()
 
 
 @pytest.mark.pg

@@ -72,7 +72,13 @@ def smoke_login(master_host) -> dict:
         login = json.loads(f.content_string)
     except ValueError:
         raise AssertionError(f"{SMOKE_LOGIN} on the master node is not JSON: deploy again") from None
-    if not isinstance(login, dict) or login.get("username") != SMOKE_USER or not login.get("password"):
+    password = login.get("password") if isinstance(login, dict) else None
+    if (
+        not isinstance(login, dict)
+        or login.get("username") != SMOKE_USER
+        or not isinstance(password, str)
+        or not password
+    ):
         raise AssertionError(f"{SMOKE_LOGIN} on the master node names no {SMOKE_USER} login: deploy again")
     return login
 
