@@ -163,11 +163,15 @@ def determined_state(users):
     return "active" if user.get("active") else "inactive"
 
 
+def smoke_path(config):
+    return os.path.join(os.path.dirname(config), SMOKE_FILE)
+
+
 def smoke_login(config):
     """The smoke user's login ({"username", "password"}) from SMOKE_FILE, or None (also when
     others may read the file: the login is made again, 0600)."""
     try:
-        with open(os.path.join(os.path.dirname(config), SMOKE_FILE)) as f:
+        with open(smoke_path(config)) as f:
             if os.fstat(f.fileno()).st_mode & 0o077:
                 return None
             login = json.load(f)
@@ -187,7 +191,7 @@ def new_smoke_login(config):
     """A random password for the smoke user (Determined's policy: upper, lower and a digit),
     written to SMOKE_FILE 0600 before any user has it."""
     login = {"username": SMOKE_USER, "password": "Smoke-" + os.urandom(18).hex() + "-7"}
-    path = os.path.join(os.path.dirname(config), SMOKE_FILE)
+    path = smoke_path(config)
     temp = path + ".new"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temp)  # a stale one (or a link left there): O_EXCL below creates it afresh

@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 
 from deploy import master_http
+from deploy.cluster.determined import SMOKE_LOGIN, SMOKE_USER
 from tests.verify import reach
 
 REGISTRATION_WAIT = 30  # seconds
@@ -61,8 +62,6 @@ def admin_token(cluster) -> str:
 def smoke_login(master_host) -> dict:
     """The smoke user's login as the deploy left it on the master node (SMOKE_LOGIN, 0600 root:
     roles/determined/users.py), read over verify's SSH as master.yaml is."""
-    from deploy.cluster.determined import SMOKE_LOGIN, SMOKE_USER
-
     f = master_host.file(SMOKE_LOGIN)
     if not f.exists:
         raise AssertionError(

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from deploy import determined_node, master_http
+from deploy.cluster.determined import SMOKE_USER
 from deploy.cluster.master_tls import agent_ca, served_chain
 from deploy.facts.postgresql import RoleVerifier
 from deploy.postgresql_node import DIGEST_KEY, MIN_CONNECTIONS, MIN_MAJOR, hmac_key, password_matches
@@ -323,8 +324,6 @@ def test_determined_user_inactive(cluster):
 def test_trial_submitter_is_no_admin(cluster, host_of):
     """The smoke experiments' user logs in with the password the deploy left on the master node
     and is no admin: the session token Determined hands its trials is not an admin's."""
-    from deploy.cluster.determined import SMOKE_USER
-
     token = smoke_token(cluster, host_of(cluster.master_node))
     status, me = _http(f"{_master_url(cluster)}/api/v1/me", token=token)
     assert status == 200, f"GET /api/v1/me as {SMOKE_USER} -> {status}"
